@@ -1,0 +1,85 @@
+# The front door: `make help` lists every target. CI (.ci/run) calls these same targets.
+, := ,
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# Versions come from versions.json (one matrix row); nothing is copied by hand.
+ROW ?=
+$(foreach v,$(shell python3 scripts/versions.py make-vars $(if $(ROW),--row $(ROW))),$(eval $(v)))
+
+IMAGE       ?= team-dl## image name (without registry)
+REGISTRY    ?=## e.g. ghcr.io/acme; empty = local only
+BASE_IMAGE  ?= $(V_BASE_IMAGE)## nvidia/cuda base, or the stand-in (make base-standin)
+PYTHON_VERSION ?= $(V_PYTHON)## must match the base's python3 (3.11 for the Debian stand-in)
+CUDNN_MAJOR := $(firstword $(subst ., ,$(V_CUDNN)))
+TAG         ?= $(V_TORCH)-cuda$(V_CUDA)-cudnn$(CUDNN_MAJOR)-py$(PYTHON_VERSION)-runtime## immutable descriptive tag
+CA_BUNDLE   ?=## PEM bundle for a TLS-inspecting proxy, handed to the build as a secret
+CONTAINER   ?= $(IMAGE)-$(USER)
+PORT_JUPYTER ?= 8888
+PORT_SSH    ?= 2222
+PYTEST_ARGS ?=
+
+REF         := $(if $(REGISTRY),$(REGISTRY)/)$(IMAGE):$(TAG)
+DOCKER      ?= /usr/bin/docker
+# The Debian 20.10 client does BuildKit without buildx; a newer client needs buildx.
+export DOCKER_BUILDKIT := 1
+GIT_SHA     := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+TEST_VENV   := .venv-test
+GPU_FLAGS   = $(shell $(DOCKER) info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo --gpus all)
+
+.PHONY: help build run shell test smoke lint clean base-standin test-deps
+
+help: ## Show this help
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  \033[36m%-14s\033[0m %s\n",$$1,$$2}' $(MAKEFILE_LIST)
+	@echo; echo "Variables (override as VAR=value):"
+	@awk 'BEGIN{FS="[?]= *|## "} /^[A-Z_]+ *[?]=.*## /{printf "  %-14s %s\n",$$1,$$3}' $(MAKEFILE_LIST)
+	@echo; echo "Current: REF=$(REF) BASE_IMAGE=$(BASE_IMAGE)"
+
+build: ## Build the runtime image as $(REF)
+	$(DOCKER) build -f docker/Dockerfile --target runtime \
+	  --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	  --build-arg TORCH_VERSION=$(V_TORCH) --build-arg TORCHVISION_VERSION=$(V_TORCHVISION) \
+	  --build-arg TORCHAUDIO_VERSION=$(V_TORCHAUDIO) --build-arg CUDA=$(V_CUDA) \
+	  --build-arg CUDNN=$(V_CUDNN) --build-arg NCCL=$(V_NCCL) \
+	  --build-arg PYTHON_VERSION=$(PYTHON_VERSION) \
+	  --build-arg VERSION=$(TAG) --build-arg REVISION=$(GIT_SHA) \
+	  --build-arg SOURCE=$(shell git config --get remote.origin.url 2>/dev/null || echo local) \
+	  $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) \
+	  -t $(REF) .
+
+run: ## Start the container (builds first if needed): JupyterLab on 8888, SSH on 2222
+	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
+	$(DOCKER) run --rm $(if $(shell [ -t 0 ] && echo y),-it) --name $(CONTAINER) $(GPU_FLAGS) \
+	  --shm-size=8g -p $(PORT_JUPYTER):8888 -p $(PORT_SSH):22 -v "$(CURDIR)":/workspace \
+	  $(if $(wildcard .env),--env-file .env) $(REF)
+
+shell: ## Open a bash shell in a fresh container (same setup as run)
+	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
+	$(DOCKER) run --rm -it $(GPU_FLAGS) --shm-size=8g -v "$(CURDIR)":/workspace $(REF) bash
+
+$(TEST_VENV)/.done: tests/requirements.txt
+	python3 -m venv $(TEST_VENV)
+	$(TEST_VENV)/bin/pip install -q -r tests/requirements.txt
+	touch $@
+
+test-deps: $(TEST_VENV)/.done ## Make the host-side test virtualenv (.venv-test)
+
+test: build test-deps ## Build, then run the host-side test suite (tests/) against $(REF)
+	IMAGE_REF=$(REF) $(TEST_VENV)/bin/pytest tests/ $(PYTEST_ARGS)
+
+smoke: ## Run smoke_tests/ inside a container (GPU if present; SMOKE_ARGS=--require-gpu)
+	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
+	$(DOCKER) run --rm $(GPU_FLAGS) --shm-size=8g $(REF) smoke $(SMOKE_ARGS)
+
+lint: test-deps ## hadolint, shellcheck, ruff, actionlint
+	$(TEST_VENV)/bin/hadolint docker/Dockerfile
+	$(TEST_VENV)/bin/shellcheck $(shell git ls-files '*.sh' .ci/run) docker/rootfs/usr/local/bin/*
+	$(TEST_VENV)/bin/ruff check .
+	$(TEST_VENV)/bin/actionlint
+
+base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped hosts, CI)
+	scripts/make-standin-base.sh
+
+clean: ## Remove this tag and the test virtualenv
+	-$(DOCKER) image rm $(REF)
+	rm -rf $(TEST_VENV) .pytest_cache

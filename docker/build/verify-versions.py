@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Build-time check: fail the build unless the image holds exactly the versions it claims.
+
+Compares torch/torchvision/torchaudio, CUDA, cuDNN, NCCL and Python against the build args
+(which the Makefile takes from versions.json and writes into the tag), checks that there is
+exactly one libcudnn and one libnccl in the image, and writes what it found as JSON.
+"""
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+
+def lib_copies(stem):
+    """Every file called <stem>.so* outside /proc,/sys: the copies a loader could pick up."""
+    found = []
+    for top in ("/usr", "/opt", "/lib", "/lib64", "/usr/local"):
+        for dirpath, _dirs, files in os.walk(top):
+            found += [os.path.join(dirpath, f) for f in files if f.startswith(stem + ".so")]
+    return sorted(set(os.path.realpath(p) for p in found))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for k in ("torch", "torchvision", "torchaudio", "cuda", "cudnn", "nccl", "python"):
+        p.add_argument("--" + k, required=True)
+    p.add_argument("--out", required=True)
+    want = p.parse_args()
+
+    import torch
+    import torchaudio
+    import torchvision
+
+    cudnn = torch.backends.cudnn.version()  # e.g. 90100, read from the loaded libcudnn
+    nccl = torch.cuda.nccl.version()         # e.g. (2, 21, 5), read from the loaded libnccl
+    have = {
+        "torch": torch.__version__.split("+")[0],
+        "torchvision": torchvision.__version__.split("+")[0],
+        "torchaudio": torchaudio.__version__.split("+")[0],
+        "cuda": torch.version.cuda,
+        "cudnn": f"{cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}",
+        "nccl": ".".join(map(str, nccl)),
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "base_cuda": os.environ.get("CUDA_VERSION", ""),
+        "cuda_arch_list": torch.cuda.get_arch_list(),
+        "libcudnn": lib_copies("libcudnn"),
+        "libnccl": lib_copies("libnccl"),
+    }
+    errors = []
+    for key in ("torch", "torchvision", "torchaudio"):
+        if have[key] != getattr(want, key):
+            errors.append(f"{key} is {have[key]}, the build args say {getattr(want, key)}")
+    for key in ("cuda", "cudnn", "nccl", "python"):
+        # The tag carries major.minor (cuda12.4, cudnn9, py3.10): match on that prefix.
+        if not (have[key] + ".").startswith(getattr(want, key) + "."):
+            errors.append(f"{key} is {have[key]}, the build args say {getattr(want, key)}")
+    if not (have["base_cuda"] + ".").startswith(want.cuda + "."):
+        errors.append(f"the base image's CUDA_VERSION is {have['base_cuda']!r}, torch is built for {want.cuda}")
+    for lib in ("libcudnn", "libnccl"):
+        if len(have[lib]) != 1:
+            errors.append(f"expected exactly one {lib}, found {len(have[lib])}: {have[lib]}")
+    if errors:
+        sys.exit("verify-versions: the image does not match its tag:\n  " + "\n  ".join(errors))
+    pathlib.Path(want.out).write_text(json.dumps(have, indent=2) + "\n")
+    print("verify-versions: OK", json.dumps({k: v for k, v in have.items() if not k.startswith("lib")}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Shared fixtures for the host-side suite: every test gets fresh containers of IMAGE_REF
+(set by `make test`), started through the Docker SDK and always removed afterwards."""
+import os
+import pathlib
+import re
+import time
+
+import docker
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    client = docker.from_env(timeout=300)
+    client.ping()
+    return client
+
+
+@pytest.fixture(scope="session")
+def image_ref():
+    ref = os.environ.get("IMAGE_REF")
+    if not ref:
+        pytest.exit("IMAGE_REF is not set: run the suite with `make test`", returncode=2)
+    return ref
+
+
+@pytest.fixture(scope="session")
+def image(docker_client, image_ref):
+    return docker_client.images.get(image_ref)
+
+
+@pytest.fixture(scope="session")
+def artifacts():
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture
+def start_container(docker_client, image_ref):
+    """Factory: start_container(command=None, **run_kwargs) -> a detached, running container.
+    Every container it starts is force-removed when the test ends, pass or fail."""
+    started = []
+
+    def start(command=None, **kwargs):
+        kwargs.setdefault("detach", True)
+        kwargs.setdefault("shm_size", "1g")
+        c = docker_client.containers.run(kwargs.pop("image", image_ref), command, **kwargs)
+        started.append(c)
+        return c
+
+    yield start
+    for c in started:
+        try:
+            c.remove(force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+
+
+@pytest.fixture
+def run_in_image(start_container):
+    """Run a command to completion in a fresh container: returns (exit_code, output)."""
+
+    def run(command, timeout=300, **kwargs):
+        c = start_container(command, **kwargs)
+        result = c.wait(timeout=timeout)
+        return result["StatusCode"], c.logs().decode(errors="replace")
+
+    return run
+
+
+def wait_for_log(container, pattern, timeout=60.0):
+    """Wait until the container's logs match `pattern` (regex); return the logs.
+    Fails with the logs when the container exits first or the time runs out."""
+    rx = re.compile(pattern)
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = container.logs().decode(errors="replace")
+        if rx.search(logs):
+            return logs
+        container.reload()
+        if container.status in ("exited", "dead"):
+            pytest.fail(f"container exited before logging {pattern!r}:\n{logs}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {pattern!r} in the logs after {timeout}s:\n{logs}")
+        time.sleep(0.25)
+
+
+def host_port(container, port):
+    """The host port Docker published for container `port` (e.g. '8888/tcp')."""
+    container.reload()
+    return int(container.attrs["NetworkSettings"]["Ports"][port][0]["HostPort"])
