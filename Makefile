@@ -17,7 +17,8 @@ CA_BUNDLE   ?=## PEM bundle for a TLS-inspecting proxy, handed to the build as a
 CONTAINER   ?= $(IMAGE)-$(USER)
 PORT_JUPYTER ?= 8888
 PORT_SSH    ?= 2222
-PYTEST_ARGS ?=
+PYTEST_ARGS ?=## extra pytest flags, e.g. -x -k ssh
+TESTS       ?= tests/## test paths for make test
 
 REF         := $(if $(REGISTRY),$(REGISTRY)/)$(IMAGE):$(TAG)
 DOCKER      ?= /usr/bin/docker
@@ -65,7 +66,7 @@ $(TEST_VENV)/.done: tests/requirements.txt
 test-deps: $(TEST_VENV)/.done ## Make the host-side test virtualenv (.venv-test)
 
 test: build test-deps ## Build, then run the host-side test suite (tests/) against $(REF)
-	IMAGE_REF=$(REF) $(TEST_VENV)/bin/pytest tests/ $(PYTEST_ARGS)
+	IMAGE_REF=$(REF) $(TEST_VENV)/bin/pytest $(TESTS) $(PYTEST_ARGS)
 
 smoke: ## Run smoke_tests/ inside a container (GPU if present; SMOKE_ARGS=--require-gpu)
 	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
