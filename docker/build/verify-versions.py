@@ -43,7 +43,9 @@ def main():
         "nccl": ".".join(map(str, nccl)),
         "python": "%d.%d.%d" % sys.version_info[:3],
         "base_cuda": os.environ.get("CUDA_VERSION", ""),
-        "cuda_arch_list": torch.cuda.get_arch_list(),
+        # The kernels compiled into the wheel (get_arch_list() is empty without a GPU): the
+        # entrypoint compares the GPU's compute capability against this without importing torch.
+        "cuda_arch_list": torch._C._cuda_getArchFlags().split(),
         "libcudnn": lib_copies("libcudnn"),
         "libnccl": lib_copies("libnccl"),
     }
