@@ -90,3 +90,22 @@ base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped h
 clean: ## Remove this tag and the test virtualenv
 	-$(DOCKER) image rm $(REF)
 	rm -rf $(TEST_VENV) .pytest_cache
+
+# Publishing: tags come from versions.json (scripts/versions.py); the push script refuses a
+# dirty tree, stale labels and moving an immutable tag, then verifies by pulling the digest.
+MOVING_TAGS ?= $(shell python3 scripts/versions.py moving-tags $(if $(ROW),--row $(ROW)))## moving tags pushed besides TAG and sha-<sha>
+FORCE       ?=## FORCE=1: let make push replace an immutable tag that names another image
+PUSH_WORKTREE ?= .## git work tree the image was built from (make push refuses it dirty)
+PUBLISH_DIR ?= artifacts/publish## where make push/manifest write the publish record and manifest
+
+.PHONY: tags push manifest
+tags: ## Print the tags make push publishes: descriptive, sha-<sha>, then the moving ones
+	@printf '%s\n' $(TAG) sha-$(GIT_SHA) $(MOVING_TAGS)
+
+push: ## Push $(REF) to $(REGISTRY) under every tag, pull back by digest, verify (FORCE=1)
+	DOCKER=$(DOCKER) python3 scripts/push.py push --repository $(REGISTRY)/$(IMAGE) --tag $(TAG) \
+	  --moving "$(MOVING_TAGS)" --image $(REF) --image $(IMAGE):$(TAG) \
+	  --worktree $(PUSH_WORKTREE) --record $(PUBLISH_DIR) $(if $(filter 1,$(FORCE)),--force)
+
+manifest: ## Write $(REF)'s package manifest (versions, pip, dpkg, labels, digest) to PUBLISH_DIR
+	DOCKER=$(DOCKER) python3 scripts/manifest.py --image $(REF) --out $(PUBLISH_DIR)

@@ -5,9 +5,20 @@ Usage: versions.py get KEY [--row NAME]   print one field of a matrix row (defau
        versions.py standin KEY             print one field of the stand-in base section
        versions.py rows                    print the row names, one per line (CI matrix)
        versions.py make-vars [--row NAME]  print Makefile assignments (VAR := value)
+       versions.py tag [--row NAME] [--python X.Y]
+                                           print the descriptive immutable tag of a row
+       versions.py tags [--row NAME] [--python X.Y] [--sha SHA]
+                                           print every tag of a row: descriptive, sha-<sha>,
+                                           then the moving ones (what `make push` pushes)
+       versions.py moving-tags [--row NAME]  print the moving tags of a row, space-separated
+       versions.py build-args [--row NAME] [--python X.Y] [--source URL]
+                                           print KEY=VALUE build args, as `make build` passes
+                                           them (for docker/build-push-action in CI)
+       versions.py matrix                  print the rows as compact JSON for a CI matrix
 """
 import json
 import pathlib
+import subprocess
 import sys
 
 DATA = json.loads((pathlib.Path(__file__).resolve().parent.parent / "versions.json").read_text())
@@ -19,6 +30,48 @@ def row(name=None):
         if r["name"] == name:
             return r
     sys.exit(f"versions.py: no matrix row named {name!r}; rows: {[r['name'] for r in DATA['matrix']]}")
+
+
+def tag(r, python=None):
+    """The descriptive tag; the Makefile's TAG spells the same (tests/test_publish.py checks)."""
+    cudnn_major = r["cudnn"].split(".")[0]
+    return f"{r['torch']}-cuda{r['cuda']}-cudnn{cudnn_major}-py{python or r['python']}-runtime"
+
+
+def git_sha():
+    # As the Makefile's GIT_SHA: 12 hex digits, "-dirty" when tracked files differ from HEAD.
+    here = pathlib.Path(__file__).resolve().parent
+    out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                         text=True, check=False, cwd=here)
+    clean = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], check=False, cwd=here)
+    return (out.stdout.strip() or "unknown") + ("" if clean.returncode == 0 else "-dirty")
+
+
+def git_created():
+    # The commit's time, as the Makefile's CREATED: rebuilding a commit keeps the layer cache.
+    out = subprocess.run(["git", "log", "-1", "--format=%cI"], capture_output=True, text=True,
+                         check=False, cwd=pathlib.Path(__file__).resolve().parent)
+    return out.stdout.strip() or "unknown"
+
+
+def build_args(r, python=None, source=None):
+    return {
+        "BASE_IMAGE": r["base_image"], "TORCH_VERSION": r["torch"],
+        "TORCHVISION_VERSION": r["torchvision"], "TORCHAUDIO_VERSION": r["torchaudio"],
+        "CUDA": r["cuda"], "CUDNN": r["cudnn"], "NCCL": r["nccl"],
+        "PYTHON_VERSION": python or r["python"], "VERSION": tag(r, python),
+        "REVISION": git_sha(), "CREATED": git_created(), "SOURCE": source or "local",
+    }
+
+
+def option(args, flag):
+    """Remove `flag VALUE` from args and return VALUE (None when absent)."""
+    if flag not in args:
+        return None
+    i = args.index(flag)
+    value = args[i + 1]
+    del args[i:i + 2]
+    return value
 
 
 def main(argv):
@@ -40,6 +93,20 @@ def main(argv):
         for k, v in row(name).items():
             if isinstance(v, str):
                 print(f"V_{k.upper()}:={v}")
+    elif cmd in ("tag", "tags"):
+        r, python = row(name), option(args, "--python")
+        tags = [tag(r, python)]
+        if cmd == "tags":
+            tags += [f"sha-{option(args, '--sha') or git_sha()}"] + r.get("moving_tags", [])
+        print("\n".join(tags))
+    elif cmd == "build-args":
+        python, source = option(args, "--python"), option(args, "--source")
+        for k, v in build_args(row(name), python, source).items():
+            print(f"{k}={v}")
+    elif cmd == "moving-tags":
+        print(" ".join(row(name).get("moving_tags", [])))
+    elif cmd == "matrix":
+        print(json.dumps({"row": [r["name"] for r in DATA["matrix"]]}, separators=(",", ":")))
     else:
         sys.exit(__doc__)
 

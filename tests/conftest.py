@@ -92,3 +92,54 @@ def host_port(container, port):
     """The host port Docker published for container `port` (e.g. '8888/tcp')."""
     container.reload()
     return int(container.attrs["NetworkSettings"]["Ports"][port][0]["HostPort"])
+
+
+@pytest.fixture
+def local_registry(docker_client, tmp_path):
+    """A real registry (Debian's docker-registry) on 127.0.0.1:<free port>, storing in tmp_path.
+    Yields 'host:port'; stops it and removes every local tag pointing at it afterwards."""
+    import shutil
+    import socket
+    import subprocess
+
+    import requests
+
+    binary = shutil.which("docker-registry")
+    if not binary:
+        pytest.fail("docker-registry is not installed: apt-get install docker-registry")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "registry.yml"
+    config.write_text(
+        "version: 0.1\nlog:\n  level: warn\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'registry-data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    log = open(tmp_path / "registry.log", "wb")  # noqa: SIM115 - closed after the process ends
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if requests.get(f"http://{address}/v2/", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"registry did not start:\n{(tmp_path / 'registry.log').read_text()}")
+            time.sleep(0.2)
+        yield address
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        for img in docker_client.images.list():
+            for ref in img.tags:
+                if ref.startswith(address + "/"):
+                    docker_client.images.remove(ref, noprune=False)

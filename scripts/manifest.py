@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Write the package manifest of a built image (versions, pip freeze, dpkg list, labels, digest)
+as Markdown and JSON, beside the publish record (`make manifest` runs this).
+
+The build already writes /usr/share/team-image/{versions.json,pip-freeze.txt,dpkg.txt};
+this copies them out of a created (never started) container, so nothing in the image runs.
+Usage: manifest.py --image REF [--out DIR]   ->  DIR/<tag>.manifest.md and DIR/<tag>.manifest.json
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+DOCKER = os.environ.get("DOCKER", "docker")
+FILES = ("versions.json", "pip-freeze.txt", "dpkg.txt")
+
+
+def log(level, message):
+    print(f"{level:<5} [{datetime.datetime.now(datetime.UTC):%H:%M:%S}] {message}",
+          file=sys.stderr, flush=True)
+
+
+def docker(*args):
+    proc = subprocess.run([DOCKER, *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        log("ERROR", f"docker {' '.join(args)} failed: {proc.stderr.strip()}")
+        sys.exit(1)
+    return proc.stdout
+
+
+def extract(image):
+    """Copy the build's manifest files out of a created container, then remove it."""
+    cid = docker("create", image).strip()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            docker("cp", f"{cid}:/usr/share/team-image/.", tmp)
+            missing = [f for f in FILES if not (pathlib.Path(tmp) / f).is_file()]
+            if missing:
+                log("ERROR", f"{image} has no /usr/share/team-image/{missing}: an older build?")
+                sys.exit(1)
+            return {f: (pathlib.Path(tmp) / f).read_text() for f in FILES}
+    finally:
+        docker("rm", "-v", cid)
+
+
+def markdown(m):
+    labels = "\n".join(f"| `{k}` | `{v}` |" for k, v in sorted(m["labels"].items()))
+    versions = "\n".join(f"| {k} | `{v}` |" for k, v in sorted(m["versions"].items()))
+    digests = "\n".join(f"- `{d}`" for d in m["repo_digests"]) or "- (not pushed yet)"
+    return f"""# {m["image"]}
+
+- Image id: `{m["image_id"]}`
+- Created: {m["created"]}
+- Size: {m["size_bytes"] / 1e9:.2f} GB
+- Registry digests:
+{digests}
+
+## Versions (checked at build time)
+
+| Component | Version |
+|---|---|
+{versions}
+
+## Labels
+
+| Label | Value |
+|---|---|
+{labels}
+
+## Python packages (`pip freeze --all`, {len(m["pip"])} packages)
+
+```
+{chr(10).join(m["pip"])}
+```
+
+## Debian packages (`dpkg-query`, {len(m["dpkg"])} packages)
+
+```
+{chr(10).join(m["dpkg"])}
+```
+"""
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--image", required=True)
+    ap.add_argument("--out", default="artifacts/publish")
+    args = ap.parse_args(argv)
+
+    attrs = json.loads(docker("image", "inspect", args.image))[0]
+    files = extract(args.image)
+    manifest = {
+        "image": args.image,
+        "image_id": attrs["Id"],
+        "repo_digests": attrs.get("RepoDigests") or [],
+        "created": attrs.get("Created"),
+        "size_bytes": attrs.get("Size", 0),
+        "labels": attrs["Config"].get("Labels") or {},
+        "versions": json.loads(files["versions.json"]),
+        "pip": files["pip-freeze.txt"].split(),
+        "dpkg": files["dpkg.txt"].split(),
+    }
+    tag = args.image.rsplit(":", 1)[-1] if ":" in args.image.rsplit("/", 1)[-1] else "latest"
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{tag}.manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    (out / f"{tag}.manifest.md").write_text(markdown(manifest))
+    log("INFO", f"wrote {out}/{tag}.manifest.md and .json ({len(manifest['pip'])} pip, "
+                f"{len(manifest['dpkg'])} dpkg packages)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

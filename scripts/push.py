@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Publish a built image to a registry under all its tags, refusing anything untruthful,
+then pull it back by digest and check the digest and the labels (`make push` runs this).
+
+Usage: push.py push      --repository REG/NAME --tag TAG [options]   refuse/push/verify/record
+       push.py preflight --repository REG/NAME --tag TAG [options]   only the refusal checks
+       push.py verify    --repository REG/NAME --tag TAG --digest D  check published tags (CI)
+
+Refusals (exit 1, nothing pushed): a dirty work tree; an image whose revision/version labels
+are not the work tree's HEAD and the tag; an immutable tag (the descriptive tag, sha-<sha>)
+that already names a different image in the registry, unless --force (FORCE=1).
+Moving tags (2.6, latest) are moved without asking. Only the docker CLI is needed.
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+DOCKER = os.environ.get("DOCKER", "docker")
+LABEL_REVISION = "org.opencontainers.image.revision"
+LABEL_VERSION = "org.opencontainers.image.version"
+
+
+def log(level, message):
+    print(f"{level:<5} [{datetime.datetime.now(datetime.UTC):%H:%M:%S}] {message}",
+          file=sys.stderr, flush=True)
+
+
+def refuse(message):
+    log("ERROR", message)
+    sys.exit(1)
+
+
+def run(*args, check=True):
+    """Run a command; return its CompletedProcess (stdout/stderr as text)."""
+    proc = subprocess.run(args, capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        refuse(f"`{' '.join(args)}` failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def git(worktree, *args):
+    return run("git", "-C", str(worktree), *args).stdout
+
+
+def head_sha(worktree):
+    # 12 hex digits: the Makefile's GIT_SHA, which the build writes into the revision label.
+    return git(worktree, "rev-parse", "--short=12", "HEAD").strip()
+
+
+def check_clean(worktree):
+    dirty = git(worktree, "status", "--porcelain", "--untracked-files=normal").splitlines()
+    if dirty:
+        shown = "\n  ".join(dirty[:10]) + ("\n  ..." if len(dirty) > 10 else "")
+        refuse(f"work tree {worktree} is dirty; commit or stash first, so sha-<sha> names "
+               f"what was built:\n  {shown}")
+
+
+def local_image(candidates):
+    """The local image to publish: (ref, image id, labels). Candidates that exist must agree,
+    or a stale registry-qualified tag could be pushed instead of the fresh build."""
+    found = {}
+    for ref in candidates:
+        proc = run(DOCKER, "image", "inspect", ref, check=False)
+        if proc.returncode == 0:
+            found[ref] = json.loads(proc.stdout)[0]
+    if not found:
+        refuse(f"no local image {' or '.join(candidates)}: run `make build` first")
+    if len({a["Id"] for a in found.values()}) > 1:
+        refuse("these local tags name different images; remove the stale one: "
+               + ", ".join(f"{r} ({a['Id'][:19]})" for r, a in found.items()))
+    ref, attrs = next(iter(found.items()))
+    return ref, attrs["Id"], attrs["Config"].get("Labels") or {}
+
+
+def remote_config_digest(ref, insecure):
+    """The config digest (= image id) the registry has under ref; None when the tag is absent.
+    For a multi-platform index, the linux/amd64 image's."""
+    args = [DOCKER, "manifest", "inspect", "-v"] + (["--insecure"] if insecure else []) + [ref]
+    proc = run(*args, check=False)
+    if proc.returncode != 0:
+        if re.search(r"no such manifest|manifest unknown|not found", proc.stderr, re.IGNORECASE):
+            return None
+        refuse(f"cannot read {ref} from the registry: {proc.stderr.strip()}")
+    entries = json.loads(proc.stdout)
+    for entry in entries if isinstance(entries, list) else [entries]:
+        platform = entry.get("Descriptor", {}).get("platform", {})
+        if platform.get("os", "linux") == "linux" and platform.get("architecture", "amd64") == "amd64":
+            manifest = entry.get("SchemaV2Manifest") or entry.get("OCIManifest") or {}
+            if "config" in manifest:
+                return manifest["config"]["digest"]
+    refuse(f"{ref} exists but has no linux/amd64 image; inspect it by hand")
+
+
+def check_immutable(repository, tags, image_id, force, insecure):
+    """Refuse when an immutable tag already names a different image (unless forced)."""
+    for tag in tags:
+        existing = remote_config_digest(f"{repository}:{tag}", insecure)
+        if existing is None:
+            log("INFO", f"{repository}:{tag} is new")
+        elif existing == image_id:
+            log("INFO", f"{repository}:{tag} already names this image ({image_id[:19]})")
+        elif force:
+            log("WARN", f"FORCE: overwriting immutable {repository}:{tag} ({existing[:19]} -> "
+                        f"{image_id[:19]})")
+        else:
+            refuse(f"{repository}:{tag} already names another image ({existing[:19]}, this is "
+                   f"{image_id[:19]}); immutable tags are never moved. Bump the version, or "
+                   f"FORCE=1 if you really mean to replace it")
+
+
+def check_labels(labels, sha, tag):
+    """The tag must say what the image says it is: built from HEAD, versioned as the tag."""
+    if labels.get(LABEL_REVISION) != sha:
+        refuse(f"image label {LABEL_REVISION}={labels.get(LABEL_REVISION)!r} but the work tree "
+               f"is at {sha}: rebuild (make build) from this commit")
+    if labels.get(LABEL_VERSION) != tag:
+        refuse(f"image label {LABEL_VERSION}={labels.get(LABEL_VERSION)!r} but the tag is "
+               f"{tag!r}: rebuild with this TAG")
+
+
+def push_tags(source, repository, tags):
+    """Tag and push; return the manifest digest the registry reported (the same for all).
+    The registry-qualified tags made here are removed again, so a later build under the plain
+    name is never shadowed by an old qualified tag."""
+    digests = set()
+    try:
+        for tag in tags:
+            ref = f"{repository}:{tag}"
+            run(DOCKER, "tag", source, ref)
+            log("INFO", f"pushing {ref}")
+            out = run(DOCKER, "push", ref).stdout
+            match = re.search(r"digest: (sha256:[0-9a-f]{64})", out)
+            if not match:
+                refuse(f"`docker push {ref}` printed no digest:\n{out}")
+            digests.add(match.group(1))
+    finally:
+        for tag in tags:
+            if f"{repository}:{tag}" != source:
+                run(DOCKER, "image", "rm", f"{repository}:{tag}", check=False)
+    if len(digests) != 1:
+        refuse(f"the tags were pushed with different digests: {sorted(digests)}")
+    return digests.pop()
+
+
+def verify(repository, tags, digest, expected_id, expected_labels, insecure):
+    """Pull back by digest: the registry must serve the image we built, under every tag."""
+    pinned = f"{repository}@{digest}"
+    log("INFO", f"pulling back {pinned}")
+    run(DOCKER, "pull", "-q", pinned)
+    attrs = json.loads(run(DOCKER, "image", "inspect", pinned).stdout)[0]
+    if expected_id:
+        # Same image as the source: drop only the digest reference the pull added.
+        run(DOCKER, "image", "rm", pinned, check=False)
+    if expected_id and attrs["Id"] != expected_id:
+        refuse(f"{pinned} is image {attrs['Id']}, not the one built ({expected_id})")
+    labels = attrs["Config"].get("Labels") or {}
+    wrong = {k: (labels.get(k), v) for k, v in expected_labels.items() if labels.get(k) != v}
+    if wrong:
+        refuse(f"{pinned} labels differ from what was built (got, expected): {wrong}")
+    for tag in tags:
+        served = served_digest(f"{repository}:{tag}", insecure)
+        if served != digest:
+            refuse(f"{repository}:{tag} resolves to {served}, not {digest}")
+    log("INFO", f"verified {pinned}: digest, image id and {len(expected_labels)} labels match; "
+                f"tags {' '.join(tags)} resolve to it")
+    return labels
+
+
+def served_digest(ref, insecure):
+    """The manifest digest the registry serves for ref (of the index, for a multi-platform one)."""
+    args = [DOCKER, "manifest", "inspect", "-v"] + (["--insecure"] if insecure else []) + [ref]
+    entries = json.loads(run(*args).stdout)
+    if isinstance(entries, dict):
+        return entries["Descriptor"]["digest"]
+    # `manifest inspect -v` lists an index's platform manifests, not the index: pull to learn it.
+    run(DOCKER, "pull", "-q", ref)
+    repo = ref.rsplit(":", 1)[0]
+    attrs = json.loads(run(DOCKER, "image", "inspect", ref).stdout)[0]
+    return next((d.split("@", 1)[1] for d in attrs.get("RepoDigests", []) if d.startswith(repo + "@")), None)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["push", "preflight", "verify"])
+    ap.add_argument("--repository", required=True, help="REGISTRY/IMAGE, e.g. ghcr.io/acme/team-dl")
+    ap.add_argument("--tag", required=True, help="the descriptive immutable tag")
+    ap.add_argument("--moving", default="", help="space-separated moving tags, e.g. '2.6 latest'")
+    ap.add_argument("--extra-immutable", default="", help="more immutable tags (space-separated)")
+    ap.add_argument("--no-sha-tag", action="store_true", help="do not add sha-<sha>")
+    ap.add_argument("--image", action="append", default=[],
+                    help="local image to publish (repeatable: the first that exists is used)")
+    ap.add_argument("--worktree", default=".", help="git work tree the image was built from")
+    ap.add_argument("--digest", help="verify: the digest the build pushed")
+    ap.add_argument("--label", action="append", default=[], help="verify: expected KEY=VALUE")
+    ap.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1",
+                    help="replace an immutable tag that names another image (FORCE=1)")
+    ap.add_argument("--record", default="artifacts/publish", help="directory for the publish record")
+    args = ap.parse_args(argv)
+
+    if args.repository.startswith("/") or "/" not in args.repository:
+        refuse(f"repository {args.repository!r} names no registry: set REGISTRY (e.g. ghcr.io/acme)")
+    # A registry on loopback is plain http (dockerd trusts 127.0.0.0/8 as insecure by default).
+    insecure = bool(re.match(r"(127\.|localhost[:/])", args.repository))
+    worktree = pathlib.Path(args.worktree).resolve()
+    check_clean(worktree)
+    sha = head_sha(worktree)
+    immutable = [args.tag] + ([] if args.no_sha_tag else [f"sha-{sha}"]) + args.extra_immutable.split()
+    tags = immutable + args.moving.split()
+
+    if args.command == "verify":
+        if not args.digest:
+            refuse("verify needs --digest")
+        expected = dict(kv.split("=", 1) for kv in args.label)
+        verify(args.repository, tags, args.digest, None, expected, insecure)
+        return
+
+    if args.command == "preflight" and not args.image:
+        # CI, before building: any existing immutable tag would be replaced by a new build.
+        for tag in immutable:
+            if remote_config_digest(f"{args.repository}:{tag}", insecure) and not args.force:
+                refuse(f"{args.repository}:{tag} already exists; immutable tags are never "
+                       f"moved (force to replace)")
+        log("INFO", f"preflight passed for {' '.join(tags)}")
+        return
+
+    source, image_id, labels = local_image(args.image or [f"{args.repository}:{args.tag}"])
+    check_labels(labels, sha, args.tag)
+    check_immutable(args.repository, immutable, image_id, args.force, insecure)
+    if args.command == "preflight":
+        log("INFO", f"preflight passed for {source} -> {' '.join(tags)}")
+        return
+
+    digest = push_tags(source, args.repository, tags)
+    verify(args.repository, tags, digest, image_id, labels, insecure)
+
+    record_dir = pathlib.Path(args.record)
+    record_dir.mkdir(parents=True, exist_ok=True)
+    record = {"repository": args.repository, "digest": digest, "image_id": image_id,
+              "tags": tags, "immutable_tags": immutable, "revision": sha, "labels": labels,
+              "pushed": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    path = record_dir / f"{args.tag}.json"
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    log("INFO", f"published {args.repository}@{digest} as {' '.join(tags)}; record in {path}")
+    print(f"{args.repository}@{digest}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

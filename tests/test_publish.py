@@ -1,0 +1,233 @@
+"""Publishing: `make push` against a real local registry (Debian's docker-registry on 127.0.0.1),
+the tag scheme from versions.json, and `make manifest`.
+
+Pushing the ~6 GB image on every run would take minutes, so the push tests publish a tiny image
+built FROM the stand-in base with the same label keys; the script cannot tell the difference.
+"""
+import io
+import json
+import os
+import pathlib
+import re
+import subprocess
+import uuid
+
+import pytest
+import requests
+
+import docker
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NAME = "team-dl-pushtest"
+BASE = "team-cuda-standin:12.4.1-bookworm"
+ACCEPT = ("application/vnd.docker.distribution.manifest.v2+json, "
+          "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json")
+# Make variables that `make test` exports would leak into the nested make runs.
+LEAKY = ("BASE_IMAGE", "PYTHON_VERSION", "IMAGE", "TAG", "REGISTRY", "FORCE", "ROW", "MOVING_TAGS")
+
+
+def make(*args):
+    env = {k: v for k, v in os.environ.items() if k not in LEAKY}
+    env["DOCKER"] = "/usr/bin/docker"
+    return subprocess.run(["make", "-s", "-C", str(ROOT), *args], capture_output=True,
+                          text=True, env=env, check=False, timeout=600)
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@pytest.fixture
+def worktree(tmp_path):
+    """A clean git work tree with one commit, standing in for the checkout the image came from."""
+    repo = tmp_path / "src"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "Dockerfile").write_text(f"FROM {BASE}\n")
+    git(repo, "add", "Dockerfile")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "x")
+    return repo
+
+
+@pytest.fixture
+def tiny_image(docker_client):
+    """Factory: tiny_image(tag, revision) builds NAME:tag labelled like a real build.
+    Each call makes a distinct image (a nonce label); all are removed afterwards."""
+    made = []
+
+    def build(tag, revision):
+        labels = {
+            "org.opencontainers.image.version": tag,
+            "org.opencontainers.image.revision": revision,
+            "org.opencontainers.image.title": "team-dl",
+            "team.torch.version": "2.6.0",
+            "team.test.nonce": uuid.uuid4().hex,
+        }
+        image, _ = docker_client.images.build(
+            fileobj=io.BytesIO(f"FROM {BASE}\n".encode()), labels=labels,
+            tag=f"{NAME}:{tag}", rm=True, pull=False)
+        made.append(image.id)
+        return image
+
+    yield build
+    for image_id in made:
+        try:
+            docker_client.images.remove(image_id, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+
+
+def registry_digest(registry, tag):
+    """The digest the registry itself serves for NAME:tag (None when the tag is absent)."""
+    r = requests.head(f"http://{registry}/v2/{NAME}/manifests/{tag}",
+                      headers={"Accept": ACCEPT}, timeout=10)
+    return r.headers.get("Docker-Content-Digest") if r.status_code == 200 else None
+
+
+def registry_tags(registry):
+    r = requests.get(f"http://{registry}/v2/{NAME}/tags/list", timeout=10)
+    return set(r.json().get("tags") or []) if r.status_code == 200 else set()
+
+
+def push(registry, worktree, tag, tmp_path, *extra):
+    return make("push", f"REGISTRY={registry}", f"IMAGE={NAME}", f"TAG={tag}",
+                "MOVING_TAGS=2.6 latest", f"PUSH_WORKTREE={worktree}",
+                f"PUBLISH_DIR={tmp_path / 'publish'}", *extra)
+
+
+def new_tag():
+    return f"2.6.0-cuda12.4-cudnn9-py3.11-runtime-t{uuid.uuid4().hex[:8]}"
+
+
+def test_push_publishes_every_tag_and_verifies_by_digest(local_registry, worktree, tiny_image,
+                                                         tmp_path):
+    """make push should publish TAG, sha-<sha>, 2.6 and latest at one digest and record it."""
+    tag, sha = new_tag(), git(worktree, "rev-parse", "--short=12", "HEAD")
+    image = tiny_image(tag, sha)
+    result = push(local_registry, worktree, tag, tmp_path)
+    assert result.returncode == 0, f"make push failed:\n{result.stdout}\n{result.stderr}"
+    match = re.search(rf"^{re.escape(local_registry)}/{NAME}@(sha256:[0-9a-f]{{64}})$",
+                      result.stdout, re.MULTILINE)
+    assert match, f"make push printed no repo@digest line:\n{result.stdout}"
+    digest = match.group(1)
+    tags = {tag, f"sha-{sha}", "2.6", "latest"}
+    assert registry_tags(local_registry) == tags, f"registry holds {registry_tags(local_registry)}"
+    for t in tags:
+        assert registry_digest(local_registry, t) == digest, f"{t} is not at {digest}"
+    assert "verified" in result.stderr, f"no verification logged:\n{result.stderr}"
+    record = json.loads((tmp_path / "publish" / f"{tag}.json").read_text())
+    assert record["digest"] == digest, f"record names {record['digest']}, pushed {digest}"
+    assert record["image_id"] == image.id, f"record names {record['image_id']}, built {image.id}"
+    assert record["labels"]["team.torch.version"] == "2.6.0", f"labels missing: {record['labels']}"
+
+
+def test_push_refuses_a_dirty_work_tree(local_registry, worktree, tiny_image, tmp_path):
+    """make push should refuse, pushing nothing, when the work tree has uncommitted files."""
+    tag = new_tag()
+    tiny_image(tag, git(worktree, "rev-parse", "--short=12", "HEAD"))
+    (worktree / "uncommitted.txt").write_text("not in the commit\n")
+    result = push(local_registry, worktree, tag, tmp_path)
+    assert result.returncode != 0, f"make push accepted a dirty tree:\n{result.stderr}"
+    assert "dirty" in result.stderr and "uncommitted.txt" in result.stderr, \
+        f"refusal does not name the problem:\n{result.stderr}"
+    assert registry_tags(local_registry) == set(), "something was pushed despite the refusal"
+
+
+def test_push_refuses_an_image_built_from_another_commit(local_registry, worktree, tiny_image,
+                                                         tmp_path):
+    """make push should refuse an image whose revision label is not the work tree's HEAD."""
+    tag = new_tag()
+    tiny_image(tag, "0123456789ab")
+    result = push(local_registry, worktree, tag, tmp_path)
+    assert result.returncode != 0, f"make push accepted a stale image:\n{result.stderr}"
+    assert "rebuild" in result.stderr, f"refusal gives no fix:\n{result.stderr}"
+    assert registry_tags(local_registry) == set(), "something was pushed despite the refusal"
+
+
+def test_push_refuses_to_move_an_immutable_tag(local_registry, worktree, tiny_image, tmp_path):
+    """make push should refuse to point an existing immutable tag at a different image."""
+    tag, sha = new_tag(), git(worktree, "rev-parse", "--short=12", "HEAD")
+    tiny_image(tag, sha)
+    first = push(local_registry, worktree, tag, tmp_path)
+    assert first.returncode == 0, f"first push failed:\n{first.stderr}"
+    before = {t: registry_digest(local_registry, t) for t in (tag, f"sha-{sha}", "latest")}
+    tiny_image(tag, sha)  # same tag and commit, different image
+    second = push(local_registry, worktree, tag, tmp_path)
+    assert second.returncode != 0, f"an immutable tag was overwritten:\n{second.stderr}"
+    assert "immutable" in second.stderr and "FORCE=1" in second.stderr, \
+        f"refusal does not explain itself:\n{second.stderr}"
+    after = {t: registry_digest(local_registry, t) for t in before}
+    assert after == before, f"tags moved despite the refusal: {before} -> {after}"
+
+
+def test_push_with_force_replaces_an_immutable_tag(local_registry, worktree, tiny_image, tmp_path):
+    """make push FORCE=1 should replace an immutable tag and say so."""
+    tag, sha = new_tag(), git(worktree, "rev-parse", "--short=12", "HEAD")
+    tiny_image(tag, sha)
+    assert push(local_registry, worktree, tag, tmp_path).returncode == 0, "first push failed"
+    old = registry_digest(local_registry, tag)
+    tiny_image(tag, sha)
+    forced = push(local_registry, worktree, tag, tmp_path, "FORCE=1")
+    assert forced.returncode == 0, f"forced push failed:\n{forced.stderr}"
+    assert "WARN" in forced.stderr and "FORCE" in forced.stderr, \
+        f"the override was not logged:\n{forced.stderr}"
+    new = registry_digest(local_registry, tag)
+    assert new and new != old, f"{tag} still at {old} after FORCE=1"
+
+
+def test_push_of_the_same_image_again_is_allowed(local_registry, worktree, tiny_image, tmp_path):
+    """make push should accept re-publishing the very same image (the tags do not move)."""
+    tag = new_tag()
+    tiny_image(tag, git(worktree, "rev-parse", "--short=12", "HEAD"))
+    assert push(local_registry, worktree, tag, tmp_path).returncode == 0, "first push failed"
+    old = registry_digest(local_registry, tag)
+    again = push(local_registry, worktree, tag, tmp_path)
+    assert again.returncode == 0, f"re-pushing the same image was refused:\n{again.stderr}"
+    assert registry_digest(local_registry, tag) == old, "the digest changed on a re-push"
+
+
+def test_push_refuses_without_a_registry(worktree):
+    """make push with no REGISTRY should refuse and say how to set it."""
+    result = make("push", "REGISTRY=", f"PUSH_WORKTREE={worktree}")
+    assert result.returncode != 0, f"make push without REGISTRY did not fail:\n{result.stderr}"
+    assert "set REGISTRY" in result.stderr, f"no hint about REGISTRY:\n{result.stderr}"
+
+
+def test_make_tags_match_the_version_file():
+    """make tags should print the tags versions.py derives from versions.json, TAG first."""
+    result = make("tags", "PYTHON_VERSION=3.10")
+    assert result.returncode == 0, f"make tags failed:\n{result.stderr}"
+    expected = subprocess.run(
+        ["python3", "scripts/versions.py", "tags", "--python", "3.10"], cwd=ROOT,
+        capture_output=True, text=True, check=True).stdout
+    assert result.stdout.split() == expected.split(), f"{result.stdout!r} != {expected!r}"
+    assert re.fullmatch(r"\d+\.\d+\.\d+-cuda\d+\.\d+-cudnn\d+-py3\.10-runtime",
+                        result.stdout.split()[0]), f"odd descriptive tag {result.stdout.split()[0]}"
+
+
+def test_ci_build_args_match_make_build():
+    """versions.py build-args (used by the workflows) should equal what make build passes."""
+    result = make("-n", "build")
+    assert result.returncode == 0, f"make -n build failed:\n{result.stderr}"
+    from_make = dict(re.findall(r"--build-arg (\w+)=(\S+)", result.stdout))
+    source = from_make.get("SOURCE", "local")
+    from_ci = subprocess.run(
+        ["python3", "scripts/versions.py", "build-args", "--source", source], cwd=ROOT,
+        capture_output=True, text=True, check=True).stdout
+    from_ci = dict(line.split("=", 1) for line in from_ci.splitlines())
+    assert from_ci == from_make, f"CI build args {from_ci} differ from make's {from_make}"
+
+
+def test_manifest_lists_packages_versions_and_labels(image_ref, image, tmp_path):
+    """make manifest should write the image's pip freeze, dpkg list, versions and labels."""
+    result = make("manifest", f"REF={image_ref}", f"PUBLISH_DIR={tmp_path}")
+    assert result.returncode == 0, f"make manifest failed:\n{result.stderr}"
+    tag = image_ref.rsplit(":", 1)[1]
+    data = json.loads((tmp_path / f"{tag}.manifest.json").read_text())
+    assert any(p.startswith("torch==2.6.0") for p in data["pip"]), "torch missing from pip list"
+    assert any(p.startswith("openssh-server=") for p in data["dpkg"]), "sshd missing from dpkg"
+    assert data["versions"]["torch"] == "2.6.0", f"versions.json says {data['versions']}"
+    assert data["labels"] == image.labels, "manifest labels differ from the image's"
+    md = (tmp_path / f"{tag}.manifest.md").read_text()
+    assert "torch==2.6.0" in md and image.id in md, "markdown manifest lacks torch or the id"
