@@ -63,7 +63,8 @@ def test_installed_versions_match_the_labels(image, run_in_image):
 
 def test_image_has_exactly_one_libcudnn_and_one_libnccl(run_in_image):
     """Image should carry one libcudnn and one libnccl (the wheels'), not a second system copy."""
-    code, out = run_in_image(["bash", "-c", "find / -xdev \\( -name 'libcudnn.so*' -o -name 'libnccl.so*' \\) -type f"])
+    code, out = run_in_image(["bash", "-c", "find / -xdev \\( -name 'libcudnn.so*' -o -name 'libnccl.so*' \\) -type f"],
+                             entrypoint=[], user="root")
     assert code == 0, out
     files = [line for line in out.splitlines() if line.startswith("/")]
     for lib in ("libcudnn.so", "libnccl.so"):
@@ -95,7 +96,7 @@ def test_pip_cannot_replace_torch(run_in_image, tmp_path, requirement):
     _wheel(tmp_path, "needs-old-torch", "1.0", requires=["torch==2.5.1"])
     os.chmod(tmp_path, 0o755)
     pip = f"pip install --dry-run --no-index --find-links /wheels {requirement}"
-    script = f"{pip}; echo rc=$?; PIP_CONSTRAINT= {pip} >/dev/null 2>&1; echo unconstrained_rc=$?; python -c 'import torch; print(torch.__version__)'"
+    script = f"{pip}; echo rc=$?; PIP_CONFIG_FILE=/dev/null {pip} >/dev/null 2>&1; echo unconstrained_rc=$?; python -c 'import torch; print(torch.__version__)'"
     code, out = run_in_image(["bash", "-c", script], volumes={str(tmp_path): {"bind": "/wheels", "mode": "ro"}})
     assert code == 0, out
     # The control proves the fake wheel would install if the constraint were lifted.
