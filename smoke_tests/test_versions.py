@@ -1,0 +1,65 @@
+"""Versions: the libraries torch actually loads are the ones the image (or the caller) claims."""
+import sys
+
+import pytest
+import torch
+import torchaudio
+import torchvision
+from smokelib import VERSION_KEYS
+
+
+def loaded_versions():
+    """What is really loaded: the cuDNN and NCCL numbers come from the shared libraries."""
+    cudnn = torch.backends.cudnn.version()
+    return {
+        "torch": torch.__version__.split("+")[0],
+        "torchvision": torchvision.__version__.split("+")[0],
+        "torchaudio": torchaudio.__version__.split("+")[0],
+        "cuda": torch.version.cuda,
+        "cudnn": f"{cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}" if cudnn else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None,
+        "python": ".".join(map(str, sys.version_info[:3])),
+    }
+
+
+def release(version):
+    return tuple(int(p) for p in version.split("+")[0].split(".")[:2])
+
+
+def test_torchvision_and_torchaudio_belong_to_the_loaded_torch():
+    """torchvision 0.(m+15) and torchaudio 2.m must pair with torch 2.m, on the same CUDA build."""
+    major, minor = release(torch.__version__)
+    assert major == 2, f"pairing rule known for torch 2.x only; torch is {torch.__version__}"
+    assert release(torchvision.__version__) == (0, minor + 15), (
+        f"torchvision {torchvision.__version__} is not the release paired with torch {torch.__version__}")
+    assert release(torchaudio.__version__) == (major, minor), (
+        f"torchaudio {torchaudio.__version__} is not the release paired with torch {torch.__version__}")
+    locals_ = {m.__name__: m.__version__.partition("+")[2] for m in (torch, torchvision, torchaudio)}
+    suffixes = {s for s in locals_.values() if s}
+    assert len(suffixes) <= 1, f"torch, torchvision and torchaudio come from different builds: {locals_}"
+
+
+def test_cuda_build_ships_cudnn_and_nccl():
+    """A CUDA build of torch must load a cuDNN of its compile-time major version and an NCCL."""
+    assert torch.version.cuda, f"torch {torch.__version__} is a CPU-only build"
+    runtime = torch.backends.cudnn.version()
+    assert runtime, "torch.backends.cudnn.version() is None: no libcudnn could be loaded"
+    compiled = torch._C._cudnn.getCompileVersion()
+    assert runtime // 10000 == compiled[0], (
+        f"loaded cuDNN {runtime} has another major version than torch was built with {compiled}")
+    assert torch.distributed.is_nccl_available(), "this torch build has no NCCL backend"
+    assert len(torch.cuda.nccl.version()) == 3, f"odd NCCL version {torch.cuda.nccl.version()}"
+
+
+@pytest.mark.needs_expectations
+@pytest.mark.parametrize("key", VERSION_KEYS)
+def test_loaded_version_equals_expected(key, expected_versions):
+    """Each loaded version must equal the expected one (image label or --expect-versions file)."""
+    if key not in expected_versions:
+        pytest.skip(f"the expectations file gives no {key!r} version")
+    want = expected_versions[key]
+    have = loaded_versions()[key]
+    # Labels carry major.minor (cudnn 9.1) where the library reports 9.1.0: compare on the
+    # components the expectation gives.
+    assert have is not None and have.split(".")[:len(want.split("."))] == want.split("."), (
+        f"{key}: loaded {have}, expected {want}")
