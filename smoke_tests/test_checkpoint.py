@@ -36,5 +36,6 @@ def test_amp_checkpoint_loads_without_amp_with_the_same_weights(device):
     assert restored_scaler.get_scale() == scaler.get_scale(), (
         f"GradScaler scale {scaler.get_scale()} came back as {restored_scaler.get_scale()}")
     with torch.no_grad():
-        assert torch.allclose(model(x).cpu(), restored(x.cpu()), rtol=1e-5, atol=1e-5), (
+        # GPU and CPU fp32 kernels sum in different orders: allow float32 rounding, no more.
+        assert torch.allclose(model(x).cpu(), restored(x.cpu()), rtol=1e-4, atol=1e-4), (
             "the restored fp32 model predicts differently from the trained one")
