@@ -108,4 +108,4 @@ push: ## Push $(REF) to $(REGISTRY) under every tag, pull back by digest, verify
 	  --worktree $(PUSH_WORKTREE) --record $(PUBLISH_DIR) $(if $(filter 1,$(FORCE)),--force)
 
 manifest: ## Write $(REF)'s package manifest (versions, pip, dpkg, labels, digest) to PUBLISH_DIR
-	DOCKER=$(DOCKER) python3 scripts/manifest.py --image $(REF) --out $(PUBLISH_DIR)
+	DOCKER=$(DOCKER) python3 scripts/manifest.py --image $(REF) --out $(PUBLISH_DIR) --tag $(TAG)

@@ -4,7 +4,7 @@ as Markdown and JSON, beside the publish record (`make manifest` runs this).
 
 The build already writes /usr/share/team-image/{versions.json,pip-freeze.txt,dpkg.txt};
 this copies them out of a created (never started) container, so nothing in the image runs.
-Usage: manifest.py --image REF [--out DIR]   ->  DIR/<tag>.manifest.md and DIR/<tag>.manifest.json
+Usage: manifest.py --image REF [--out DIR] [--tag TAG]  ->  DIR/<tag>.manifest.md and DIR/<tag>.manifest.json
 """
 import argparse
 import datetime
@@ -89,6 +89,7 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--image", required=True)
     ap.add_argument("--out", default="artifacts/publish")
+    ap.add_argument("--tag", help="names the output files (default: the tag in --image)")
     args = ap.parse_args(argv)
 
     attrs = json.loads(docker("image", "inspect", args.image))[0]
@@ -104,7 +105,8 @@ def main(argv):
         "pip": files["pip-freeze.txt"].split(),
         "dpkg": files["dpkg.txt"].split(),
     }
-    tag = args.image.rsplit(":", 1)[-1] if ":" in args.image.rsplit("/", 1)[-1] else "latest"
+    last = args.image.rsplit("/", 1)[-1]
+    tag = args.tag or (last.rsplit(":", 1)[-1] if ":" in last and "@" not in last else "image")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{tag}.manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -216,7 +216,8 @@ def main(argv):
         if not args.digest:
             refuse("verify needs --digest")
         expected = dict(kv.split("=", 1) for kv in args.label)
-        verify(args.repository, tags, args.digest, None, expected, insecure)
+        labels = verify(args.repository, tags, args.digest, None, expected, insecure)
+        write_record(args, tags, immutable, args.digest, None, sha, labels)
         return
 
     if args.command == "preflight" and not args.image:
@@ -238,6 +239,11 @@ def main(argv):
     digest = push_tags(source, args.repository, tags)
     verify(args.repository, tags, digest, image_id, labels, insecure)
 
+    write_record(args, tags, immutable, digest, image_id, sha, labels)
+
+
+def write_record(args, tags, immutable, digest, image_id, sha, labels):
+    """The publish record beside the manifest: what was pushed where, and what it says it is."""
     record_dir = pathlib.Path(args.record)
     record_dir.mkdir(parents=True, exist_ok=True)
     record = {"repository": args.repository, "digest": digest, "image_id": image_id,

@@ -14,6 +14,9 @@ Usage: versions.py get KEY [--row NAME]   print one field of a matrix row (defau
        versions.py build-args [--row NAME] [--python X.Y] [--source URL]
                                            print KEY=VALUE build args, as `make build` passes
                                            them (for docker/build-push-action in CI)
+       versions.py ci-tags --event EVENT --ref REF [--row NAME] [--date YYYYMMDD] [--sha SHA]
+                                           print `immutable=...` and `moving=...` (GitHub
+                                           outputs): which tags a release workflow run pushes
        versions.py matrix                  print the rows as compact JSON for a CI matrix
 """
 import json
@@ -103,6 +106,18 @@ def main(argv):
         python, source = option(args, "--python"), option(args, "--source")
         for k, v in build_args(row(name), python, source).items():
             print(f"{k}={v}")
+    elif cmd == "ci-tags":
+        r, event, ref = row(name), option(args, "--event"), option(args, "--ref")
+        date, sha = option(args, "--date"), option(args, "--sha") or git_sha()
+        if event == "schedule":
+            # Weekly security rebuild: a new dated immutable tag; the moving tags follow it.
+            immutable, moving = [f"{tag(r)}-{date}"], r.get("moving_tags", [])
+        elif ref.startswith("refs/tags/v"):
+            immutable, moving = [tag(r), f"sha-{sha}"], r.get("moving_tags", [])
+        else:
+            # A main commit is not a release: its own sha tag and the moving `main` only.
+            immutable, moving = [f"sha-{sha}"], ["main"]
+        print(f"immutable={' '.join(immutable)}\nmoving={' '.join(moving)}")
     elif cmd == "moving-tags":
         print(" ".join(row(name).get("moving_tags", [])))
     elif cmd == "matrix":

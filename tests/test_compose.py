@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DEVCONTAINER = ROOT / ".devcontainer" / "devcontainer.json"
-HOST_UID = 4242
+HOST_UID = 4242 if os.geteuid() == 0 else os.geteuid()
 
 
 def default_tag():
@@ -60,8 +60,10 @@ def project(tmp_path, docker_client):
     env = dict(os.environ, PORT_JUPYTER=str(free_port()), PORT_SSH=str(free_port()))
     env.pop("TEAM_IMAGE", None)
     state = {"env": env, "token": uuid.uuid4().hex, "key": key, "name": name, "dir": tmp_path}
-    # The project directory belongs to a (made-up) host user, as a real checkout would.
-    os.chown(tmp_path, HOST_UID, HOST_UID)
+    # The project directory belongs to a non-root host user, as a real checkout does: as root
+    # (this CI), a made-up one; otherwise (a GitHub runner) the user running the tests.
+    if os.geteuid() == 0:
+        os.chown(tmp_path, HOST_UID, HOST_UID)
     (tmp_path / ".env").write_text(
         f"JUPYTER_TOKEN={state['token']}\nPUBLIC_KEY={key.get_name()} {key.get_base64()} test\n")
     base = [*compose_command(), "-f", str(COMPOSE_FILE), "--project-directory", str(tmp_path),

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 import requests
+import yaml
 
 import docker
 
@@ -221,9 +222,9 @@ def test_ci_build_args_match_make_build():
 
 def test_manifest_lists_packages_versions_and_labels(image_ref, image, tmp_path):
     """make manifest should write the image's pip freeze, dpkg list, versions and labels."""
-    result = make("manifest", f"REF={image_ref}", f"PUBLISH_DIR={tmp_path}")
-    assert result.returncode == 0, f"make manifest failed:\n{result.stderr}"
     tag = image_ref.rsplit(":", 1)[1]
+    result = make("manifest", f"REF={image_ref}", f"TAG={tag}", f"PUBLISH_DIR={tmp_path}")
+    assert result.returncode == 0, f"make manifest failed:\n{result.stderr}"
     data = json.loads((tmp_path / f"{tag}.manifest.json").read_text())
     assert any(p.startswith("torch==2.6.0") for p in data["pip"]), "torch missing from pip list"
     assert any(p.startswith("openssh-server=") for p in data["dpkg"]), "sshd missing from dpkg"
@@ -231,3 +232,87 @@ def test_manifest_lists_packages_versions_and_labels(image_ref, image, tmp_path)
     assert data["labels"] == image.labels, "manifest labels differ from the image's"
     md = (tmp_path / f"{tag}.manifest.md").read_text()
     assert "torch==2.6.0" in md and image.id in md, "markdown manifest lacks torch or the id"
+
+
+@pytest.mark.parametrize(("event", "ref", "immutable", "moving"), [
+    ("push", "refs/tags/v1.2.0", ["{tag}", "sha-abc"], ["2.6", "latest"]),
+    ("push", "refs/heads/main", ["sha-abc"], ["main"]),
+    ("schedule", "refs/heads/main", ["{tag}-20261207"], ["2.6", "latest"]),
+])
+def test_release_workflow_tags_follow_the_event(event, ref, immutable, moving):
+    """A release tag publishes the descriptive tag, main only sha-, the weekly rebuild a dated one."""
+    tag = subprocess.run(["python3", "scripts/versions.py", "tag"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    out = subprocess.run(
+        ["python3", "scripts/versions.py", "ci-tags", "--event", event, "--ref", ref,
+         "--sha", "abc", "--date", "20261207"], cwd=ROOT, check=True, capture_output=True,
+        text=True).stdout
+    got = dict(line.split("=", 1) for line in out.splitlines())
+    assert got["immutable"].split() == [t.format(tag=tag) for t in immutable], f"{event} {ref}: {got}"
+    assert got["moving"].split() == moving, f"{event} {ref}: {got}"
+
+
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+
+
+def load_workflow(path):
+    # YAML 1.1 reads the bare key `on` as True.
+    data = yaml.safe_load(path.read_text())
+    data["on"] = data.pop(True, data.get("on"))
+    return data
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflow_actions_are_pinned_by_commit_sha_with_version(path):
+    """Every third-party action should be pinned to a full commit SHA with `# vX.Y.Z` after it."""
+    uses = re.findall(r"^\s*(?:-\s*)?uses:\s*(\S+)(.*)$", path.read_text(), re.MULTILINE)
+    assert uses, f"{path.name} uses no actions?"
+    for ref, rest in uses:
+        assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", ref), f"{path.name}: {ref} not SHA-pinned"
+        assert re.match(r"\s+# v\d+\.\d+\.\d+", rest), f"{path.name}: {ref} has no version comment"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflows_grant_nothing_by_default_and_cancel_superseded_runs(path):
+    """Workflows should start from `permissions: {}`, grant per job, and set concurrency."""
+    wf = load_workflow(path)
+    assert wf.get("permissions") == {}, f"{path.name}: top-level permissions {wf.get('permissions')}"
+    for name, job in wf["jobs"].items():
+        assert "permissions" in job, f"{path.name}: job {name} has no explicit permissions"
+        assert "write-all" not in str(job["permissions"]), f"{path.name}: {name} grants write-all"
+    assert "cancel-in-progress" in wf.get("concurrency", {}), f"{path.name}: no concurrency"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflows_copy_no_versions_by_hand(path):
+    """Workflows should read versions from versions.json, never spell torch/CUDA versions."""
+    text = path.read_text()
+    data = json.loads((ROOT / "versions.json").read_text())
+    for row in data["matrix"]:
+        for key in ("torch", "cuda_full", "base_image"):
+            assert row[key] not in text, f"{path.name} spells {key}={row[key]} by hand"
+    assert "scripts/versions.py" in text, f"{path.name} does not read versions.json"
+
+
+def test_release_workflow_signs_scans_attests_and_rebuilds_weekly():
+    """release.yml should push with SBOM/provenance, scan, sign and verify, and run weekly."""
+    wf = load_workflow(ROOT / ".github" / "workflows" / "release.yml")
+    assert "schedule" in wf["on"] and "tags" in wf["on"]["push"], f"triggers: {wf['on']}"
+    steps = wf["jobs"]["publish"]["steps"]
+    build = next(s for s in steps if "build-push-action" in s.get("uses", ""))
+    assert build["with"]["sbom"] is True and "mode=max" in build["with"]["provenance"], \
+        f"no SBOM/provenance: {build['with']}"
+    assert "type=registry" in build["with"]["cache-from"], "no registry cache"
+    scan = next(s for s in steps if "scan-action" in s.get("uses", ""))
+    assert scan["with"]["fail-build"] is True and scan["with"]["only-fixed"] is True \
+        and scan["with"]["severity-cutoff"] == "critical", f"scan does not gate: {scan['with']}"
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert "cosign sign" in runs and "cosign verify" in runs, "no keyless sign + verify"
+    assert wf["jobs"]["publish"]["permissions"].get("id-token") == "write", "keyless needs id-token"
+
+
+def test_dependabot_watches_docker_actions_and_pip():
+    """dependabot.yml should update the base image, the pinned actions and pip requirements."""
+    config = yaml.safe_load((ROOT / ".github" / "dependabot.yml").read_text())
+    ecosystems = {u["package-ecosystem"] for u in config["updates"]}
+    assert {"docker", "github-actions", "pip"} <= ecosystems, f"dependabot covers {ecosystems}"
