@@ -143,3 +143,21 @@ def local_registry(docker_client, tmp_path):
             for ref in img.tags:
                 if ref.startswith(address + "/"):
                     docker_client.images.remove(ref, noprune=False)
+
+
+READY = r"==> READY"
+
+
+@pytest.fixture
+def start_jupyter(start_container):
+    """Factory: start_jupyter(env=None, port=8888, **run_kwargs) -> (container, base_url, token).
+    Publishes Jupyter's port on a random 127.0.0.1 port and waits for the ready line; token is
+    the generated one from that line, or None when the test chose its own auth."""
+
+    def start(env=None, port=8888, timeout=120, **kwargs):
+        c = start_container(environment=env or {}, ports={f"{port}/tcp": ("127.0.0.1", None)}, **kwargs)
+        logs = wait_for_log(c, READY, timeout)
+        m = re.search(r"/lab\?token=([0-9a-f]+)", logs)
+        return c, f"http://127.0.0.1:{host_port(c, f'{port}/tcp')}", m.group(1) if m else None
+
+    return start

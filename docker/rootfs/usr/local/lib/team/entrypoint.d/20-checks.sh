@@ -1,0 +1,88 @@
+# shellcheck shell=bash
+# Setup step (sourced): start-up checks that print the exact fix (/dev/shm, GPU, driver, GPU
+# architecture) and a short banner. Fast on purpose: nvidia-smi and versions.json, no torch import.
+
+_checks_step() {
+  local shm_kib versions=/usr/share/team-image/versions.json
+  local min_driver=525.60.13   # CUDA 12.4's minimum Linux driver (CUDA 12.4 release notes, table 3)
+
+  # DataLoader workers and NCCL pass tensors through /dev/shm; Docker's default is 64 MiB.
+  shm_kib=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $2 }')
+  if [ -n "$shm_kib" ] && [ "$shm_kib" -lt 1048576 ]; then
+    log_warn "/dev/shm is only $((shm_kib / 1024)) MiB: PyTorch DataLoader workers and NCCL fail with 'Bus error' or 'No space left'. Fix: docker run --shm-size=8g ... (or --ipc=host)"
+  fi
+
+  # One python3 start (no torch) reads versions.json: torch/CUDA/cuDNN/NCCL and the GPU
+  # architectures torch has kernels for, as written at build time.
+  local torch_line="" arch_list=""
+  if [ -r "$versions" ]; then
+    { read -r torch_line; read -r arch_list; } < <(python3 -I -S -c '
+import json, sys
+v = json.load(open(sys.argv[1]))
+print("torch {torch}, CUDA {cuda}, cuDNN {cudnn}, NCCL {nccl}, Python {python}".format(**v))
+print(" ".join(v.get("cuda_arch_list") or []))' "$versions") || true
+  fi
+  log_info "Image: ${torch_line:-versions unknown ($versions missing)}"
+
+  # The NVIDIA Container Toolkit mounts nvidia-smi and the /dev/nvidia* nodes only with --gpus.
+  # No trace of it means a CPU run on purpose (or a forgotten flag): say how, but no WARN, so a
+  # normal CPU start stays clean. A trace of it without a working GPU is a real problem: WARN.
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    if compgen -G '/dev/nvidia[0-9]*' >/dev/null; then
+      log_warn "GPU device nodes are present but nvidia-smi is missing: the driver libraries were not mounted. Fix: docker run --gpus all (NVIDIA Container Toolkit installed and configured: nvidia-ctk runtime configure)"
+    else
+      log_info "No GPU visible: running on CPU. For GPUs: docker run --gpus all ... (needs the NVIDIA Container Toolkit on the host)"
+    fi
+    return 0
+  fi
+  local gpus
+  # compute_cap is a query field only since driver 510; older ones get "unknown" (and a WARN below).
+  if ! gpus=$(nvidia-smi --query-gpu=index,name,driver_version,compute_cap --format=csv,noheader 2>&1); then
+    gpus=$(nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1 | sed 's/$/, unknown/') || gpus=""
+  fi
+  if [ -z "$gpus" ] || ! [[ $gpus =~ ^[0-9]+, ]]; then
+    log_warn "nvidia-smi is present but lists no GPU ($(printf '%s' "$gpus" | head -n 1)). Fix: check the host driver (nvidia-smi on the host) and run with --gpus all"
+    return 0
+  fi
+
+  # torch.cuda.get_arch_list() is empty without a GPU, so a build on a CPU host may have stored
+  # none: ask the compiled-in list then (GPU hosts only, about 1 s).
+  if [ -z "$arch_list" ]; then
+    arch_list=$(python3 -c 'import torch; print(torch._C._cuda_getArchFlags())' 2>/dev/null || true)
+  fi
+
+  local idx name driver cc sm
+  while IFS=, read -r idx name driver cc; do
+    idx=${idx// /}; name=${name# }; driver=${driver// /}; cc=${cc// /}
+    log_info "GPU $idx: $name, compute capability $cc, driver $driver"
+    if [ "$(printf '%s\n%s\n' "$min_driver" "$driver" | sort -V | head -n 1)" != "$min_driver" ]; then
+      log_warn "GPU $idx: driver $driver is older than $min_driver, the minimum for CUDA 12.4: torch.cuda will fail with 'The NVIDIA driver on your system is too old'. Fix: upgrade the host's NVIDIA driver to >= $min_driver (data-center GPUs: or use CUDA forward compatibility)"
+    fi
+    sm=${cc/./}
+    # Kernels for sm_XY also run on the same major with a higher minor (sm_86 on an sm_89 GPU).
+    if [ -n "$arch_list" ] && [[ $sm =~ ^[0-9]+$ ]] && ! _arch_supported "$sm" "$arch_list"; then
+      if [ "${cc%%.*}" -ge 10 ]; then
+        log_warn "GPU $idx ($name) is a Blackwell GPU (sm_$sm); PyTorch 2.6 wheels have no kernels for it (they have: $arch_list), so CUDA work fails with 'no kernel image is available'. Fix: use an image built on PyTorch >= 2.7 with CUDA 12.8 wheels"
+      else
+        log_warn "GPU $idx ($name, sm_$sm) is not in this PyTorch build's architectures ($arch_list): CUDA work fails with 'no kernel image is available'. Fix: use a PyTorch build that includes sm_$sm"
+      fi
+    fi
+  done <<< "$gpus"
+}
+
+# _arch_supported SM "sm_50 sm_86 compute_90 ...": true when a kernel (same major, minor not
+# above the GPU's) or PTX (not above the GPU's capability) exists for compute capability SM.
+_arch_supported() {
+  local want=$1 a num
+  for a in $2; do
+    num=${a#*_}
+    case "$a" in
+      sm_*) if [ "${num:0:${#num}-1}" = "${want:0:${#want}-1}" ] && [ "$num" -le "$want" ]; then return 0; fi ;;
+      compute_*) if [ "$num" -le "$want" ]; then return 0; fi ;;
+    esac
+  done
+  return 1
+}
+
+_checks_step
+unset -f _checks_step _arch_supported

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The services, under tini: sshd (when the SSH step enabled it) and JupyterLab as $NB_USER.
+# If either dies the other is stopped and we exit non-zero; SIGTERM/SIGINT stop both quickly.
+set -uo pipefail
+# shellcheck source=lib/team/log.sh
+source /usr/local/lib/team/log.sh
+
+state=/run/team
+jupyter_pid="" sshd_pid="" stopping=""
+
+# stop_all: SIGTERM both (tini -g has usually sent it already), then SIGKILL what is left after
+# 8 s, inside Docker's default 10 s stop timeout.
+stop_all() {
+  local pid deadline=$((SECONDS + 8))
+  for pid in $jupyter_pid $sshd_pid; do kill -TERM "$pid" 2>/dev/null; done
+  for pid in $jupyter_pid $sshd_pid; do
+    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null
+  done
+  # Reap them so no zombie outlives us.
+  wait 2>/dev/null
+}
+
+on_signal() {
+  stopping=1
+  log_info "Received $1: stopping JupyterLab${sshd_pid:+ and sshd}"
+  stop_all
+  log_info "Stopped cleanly"
+  exit 0
+}
+trap 'on_signal SIGTERM' TERM
+trap 'on_signal SIGINT' INT
+
+mkdir -p "$state" 2>/dev/null || state=""
+
+if [ "${SSHD_ENABLED:-0}" = 1 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    log_error "sshd needs root, but the container runs as UID $(id -u). Fix: drop --user (the entrypoint maps the user itself: HOST_UID/HOST_GID)"
+    exit 1
+  fi
+  install -d -m 0755 /run/sshd   # privilege separation directory, lost with /run
+  /usr/sbin/sshd -D -e &
+  sshd_pid=$!
+fi
+
+# Jupyter gets neither the root environment's extras nor the ready URL (it holds the token).
+jupyter_cmd=(env -u TEAM_JUPYTER_URL -u SSHD_ENABLED HOME="$(getent passwd "$NB_USER" | cut -d: -f6)"
+             USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash
+             jupyter lab --config="$TEAM_JUPYTER_CONFIG")
+cd /workspace || exit 1
+if [ "$(id -u)" = 0 ]; then
+  setpriv --reuid="$NB_USER" --regid="$NB_USER" --init-groups "${jupyter_cmd[@]}" &
+else
+  "${jupyter_cmd[@]}" &
+fi
+jupyter_pid=$!
+
+if [ -n "$state" ]; then
+  # For the healthcheck: what to probe. No secrets here.
+  printf 'JUPYTER_PORT=%s\nSSHD_ENABLED=%s\n' "$JUPYTER_PORT" "${sshd_pid:+1}" > "$state/services.env"
+fi
+
+# The ready line, once Jupyter answers (a few seconds; it exits on its own if Jupyter dies).
+ready_deadline=$((SECONDS + 300))
+while kill -0 "$jupyter_pid" 2>/dev/null && [ "$SECONDS" -lt "$ready_deadline" ]; do
+  if curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$JUPYTER_PORT/api" 2>/dev/null; then
+    if [ -n "$sshd_pid" ]; then ssh_note="SSH on (port 22, user $NB_USER)"
+    else ssh_note="SSH off (no key: set PUBLIC_KEY)"; fi
+    log_info "==> READY  JupyterLab: $TEAM_JUPYTER_URL  |  $ssh_note"
+    break
+  fi
+  sleep 0.2
+done
+
+# Wait for the first service to end; a signal interrupts this and runs on_signal.
+# shellcheck disable=SC2086  # $sshd_pid is empty or one PID
+wait -n -p died "$jupyter_pid" $sshd_pid
+rc=$?
+[ -z "$stopping" ] || exit 0
+if [ "${died:-}" = "$sshd_pid" ] && [ -n "$sshd_pid" ]; then
+  name=sshd; other="JupyterLab"
+else
+  name=JupyterLab; other="sshd"
+fi
+[ -n "$sshd_pid" ] || other=""
+log_error "$name exited unexpectedly (exit code $rc)${other:+; stopping $other}. The container exits so a --restart policy can start it again."
+stop_all
+exit $((rc == 0 ? 1 : rc))

@@ -1,0 +1,261 @@
+"""JupyterLab: auth on by default (token, token file, hashed password), never as root, code runs in
+a real kernel, and files it writes on a bind mount belong to the host user."""
+import json
+import os
+import re
+import time
+import uuid
+
+import pytest
+import requests
+import websocket
+
+from conftest import wait_for_log
+
+TIMEOUT = 30
+
+
+def api(base, path, token=None, headers=None):
+    """GET base+path, with the token in the Authorization header when given."""
+    headers = dict(headers or {}, **({"Authorization": f"token {token}"} if token else {}))
+    return requests.get(base + path, headers=headers, timeout=TIMEOUT, allow_redirects=False)
+
+
+def ws_url(base, path, token):
+    return base.replace("http://", "ws://") + path + f"?token={token}"
+
+
+def run_in_kernel(base, token, code, timeout=180):
+    """Start a kernel through the REST API, run `code` over its websocket; return its stdout."""
+    r = requests.post(f"{base}/api/kernels", headers={"Authorization": f"token {token}"},
+                      json={"name": "python3"}, timeout=TIMEOUT)
+    assert r.status_code == 201, f"starting a kernel should give 201, got {r.status_code}: {r.text}"
+    ws = websocket.create_connection(ws_url(base, f"/api/kernels/{r.json()['id']}/channels", token),
+                                     timeout=timeout)
+    try:
+        msg_id, session = uuid.uuid4().hex, uuid.uuid4().hex
+        ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "session": session, "username": "test", "date": "",
+                       "msg_type": "execute_request", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False,
+                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+        }))
+        out, deadline = [], time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = json.loads(ws.recv())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out.append(content["text"])
+            elif kind == "error":
+                pytest.fail(f"kernel raised {content['ename']}: {content['evalue']}")
+            elif kind == "status" and content["execution_state"] == "idle":
+                return "".join(out)
+        pytest.fail(f"kernel did not finish within {timeout}s; output so far: {''.join(out)!r}")
+    finally:
+        ws.close()
+
+
+def test_api_answers_200_with_the_token(start_jupyter):
+    """Container should serve the Jupyter API to a client that sends the generated token."""
+    _, base, token = start_jupyter()
+    assert token, "the ready line should carry a generated token"
+    r = api(base, "/api/contents", token)
+    assert r.status_code == 200, f"GET /api/contents with the token should be 200, got {r.status_code}"
+    r = requests.get(f"{base}/lab?token={token}", timeout=TIMEOUT)
+    assert r.status_code == 200 and "JupyterLab" in r.text, f"the ready line's URL should open Lab, got {r.status_code}"
+
+
+def test_refuses_clients_without_a_valid_token(start_jupyter):
+    """Container should refuse the API without a token or with a wrong one, and send /lab to login."""
+    _, base, _ = start_jupyter()
+    assert api(base, "/api/contents").status_code == 403, "the API without a token should be 403"
+    assert api(base, "/api/contents", "wrong").status_code == 403, "a wrong token should be 403"
+    r = api(base, "/lab")
+    assert r.status_code == 302 and "/login" in r.headers.get("Location", ""), \
+        f"/lab without a token should redirect to /login, got {r.status_code} {r.headers.get('Location')}"
+
+
+def test_logs_have_no_auth_disabled_warning(start_jupyter):
+    """Container should start Jupyter with auth on: no 'authentication is disabled' warning."""
+    c, _, _ = start_jupyter()
+    logs = c.logs().decode(errors="replace")
+    assert "authentication is disabled" not in logs.lower(), f"auth must be on:\n{logs}"
+
+
+def test_jupyter_and_its_kernels_do_not_run_as_root(start_jupyter):
+    """Container should run JupyterLab and the kernels it starts as the non-root user."""
+    c, base, token = start_jupyter()
+    code, out = c.exec_run(["ps", "-o", "uid=,args=", "-C", "jupyter-lab"])
+    assert code == 0 and out.strip(), f"jupyter-lab should be running: {out!r}"
+    uid = int(out.split()[0])
+    assert uid != 0, f"JupyterLab should not run as root: {out!r}"
+    ids = run_in_kernel(base, token, "import os; print(os.getuid(), os.geteuid())").split()
+    assert ids == ["1000", "1000"], f"the kernel should run as UID 1000, got {ids}"
+
+
+def test_token_is_in_neither_argv_nor_the_kernel_environment(start_jupyter):
+    """Container should keep the token out of `ps` output and out of what kernels inherit."""
+    c, base, _ = start_jupyter({"JUPYTER_TOKEN": "tok-" + uuid.uuid4().hex})
+    secret = next(e.split("=", 1)[1] for e in c.attrs["Config"]["Env"] if e.startswith("JUPYTER_TOKEN="))
+    _, ps = c.exec_run(["ps", "-eo", "args"])
+    assert secret not in ps.decode(), "the token should not be on any command line"
+    env = run_in_kernel(base, secret, "import os; print(sorted(k for k, v in os.environ.items() if v == "
+                        f"{secret!r} or k.startswith('JUPYTER_TOKEN')))")
+    assert env.strip() == "[]", f"kernels should not inherit the token, found {env.strip()}"
+
+
+def test_token_from_env_var(start_jupyter):
+    """Container should accept exactly the token given in JUPYTER_TOKEN, and not log it."""
+    secret = "env-" + uuid.uuid4().hex
+    c, base, generated = start_jupyter({"JUPYTER_TOKEN": secret})
+    assert generated is None, "no token should be generated when JUPYTER_TOKEN is set"
+    assert secret not in c.logs().decode(), "a token the user chose should not be repeated in the logs"
+    assert api(base, "/api/contents", secret).status_code == 200, "JUPYTER_TOKEN should be accepted"
+    assert api(base, "/api/contents", secret + "x").status_code == 403, "another token should be refused"
+
+
+def test_token_from_file(start_jupyter, tmp_path):
+    """Container should read the token from JUPYTER_TOKEN_FILE (a mounted secret)."""
+    secret = "file-" + uuid.uuid4().hex
+    (tmp_path / "token").write_text(secret + "\n")
+    _, base, generated = start_jupyter(
+        {"JUPYTER_TOKEN_FILE": "/run/secrets/jupyter_token"},
+        volumes={str(tmp_path / "token"): {"bind": "/run/secrets/jupyter_token", "mode": "ro"}})
+    assert generated is None, "no token should be generated when JUPYTER_TOKEN_FILE is set"
+    assert api(base, "/api/contents", secret).status_code == 200, "the file's token should be accepted"
+    assert api(base, "/api/contents").status_code == 403, "no token should still be refused"
+
+
+def test_hashed_password_logs_in(start_container, start_jupyter):
+    """Container should accept a hashed password (made by jupyter_server.auth.passwd) at /login."""
+    maker = start_container(["python", "-c", "from jupyter_server.auth import passwd; print(passwd('s3cret'))"],
+                            detach=True)
+    assert maker.wait(timeout=120)["StatusCode"] == 0, "passwd() should run in the image"
+    hashed = maker.logs(stderr=False).decode().strip().splitlines()[-1]
+    assert hashed.startswith("argon2:"), f"passwd() should give an argon2 hash, got {hashed!r}"
+    _, base, generated = start_jupyter({"JUPYTER_PASSWORD_HASH": hashed})
+    assert generated is None, "no token should be generated with a password"
+    for password, expect_in in (("wrong", False), ("s3cret", True)):
+        s = requests.Session()
+        s.get(f"{base}/login", timeout=TIMEOUT)
+        r = s.post(f"{base}/login", data={"password": password, "_xsrf": s.cookies.get("_xsrf")},
+                   allow_redirects=False, timeout=TIMEOUT)
+        status = s.get(f"{base}/api/contents", timeout=TIMEOUT).status_code
+        assert (status == 200) is expect_in, \
+            f"password {password!r}: login gave {r.status_code}, then the API gave {status}"
+
+
+def test_plain_password_in_hash_variable_is_refused(run_in_image):
+    """Container should refuse a JUPYTER_PASSWORD_HASH that is not a hash, and say how to make one."""
+    code, logs = run_in_image(None, environment={"JUPYTER_PASSWORD_HASH": "hunter2"}, timeout=60)
+    assert code != 0, f"a plain password should stop the container:\n{logs}"
+    assert "jupyter_server.auth import passwd" in logs, f"the fix should be printed:\n{logs}"
+    assert "hunter2" not in logs, "the rejected value should not be echoed"
+
+
+@pytest.mark.parametrize("how", ["env", "file"])
+def test_empty_token_is_refused_with_the_fix(run_in_image, tmp_path, how):
+    """Container should refuse to start Jupyter with an empty token unless told it is insecure."""
+    (tmp_path / "token").write_text("\n")
+    kwargs = ({"environment": {"JUPYTER_TOKEN": ""}} if how == "env" else
+              {"environment": {"JUPYTER_TOKEN_FILE": "/t"},
+               "volumes": {str(tmp_path / "token"): {"bind": "/t", "mode": "ro"}}})
+    code, logs = run_in_image(None, timeout=60, **kwargs)
+    assert code != 0, f"an empty token should stop the container:\n{logs}"
+    assert re.search(r"^ERROR .*token is empty.*JUPYTER_ALLOW_INSECURE=1", logs, re.M), \
+        f"an ERROR line should explain and name the fix:\n{logs}"
+    assert "READY" not in logs, "Jupyter should not have started"
+
+
+def test_insecure_flag_allows_empty_token_and_says_so_loudly(start_jupyter):
+    """Container should serve without auth only with JUPYTER_ALLOW_INSECURE=1, and WARN about it."""
+    c, base, _ = start_jupyter({"JUPYTER_TOKEN": "", "JUPYTER_ALLOW_INSECURE": "1"})
+    logs = c.logs().decode(errors="replace")
+    assert re.search(r"^WARN .*NO AUTHENTICATION", logs, re.M), f"a loud WARN line is expected:\n{logs}"
+    assert api(base, "/api/contents").status_code == 200, "with the insecure flag no token is needed"
+
+
+def test_kernel_runs_code_and_sees_torch(start_jupyter):
+    """Container should run code in a kernel over the REST + websocket API, with torch importable."""
+    _, base, token = start_jupyter()
+    out = run_in_kernel(base, token, "import torch; print('torch', torch.__version__, 2 + 2)")
+    assert re.search(r"torch 2\.6\.\d\S* 4", out), f"the kernel should import torch 2.6, got {out!r}"
+
+
+def test_files_made_via_jupyter_on_a_bind_mount_belong_to_the_host_user(start_jupyter, tmp_path):
+    """Container should create files on a bind-mounted /workspace as the directory's host owner."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "already-here.txt").write_text("hi")
+    os.chown(ws, 4321, 4322)
+    c, base, token = start_jupyter(volumes={str(ws): {"bind": "/workspace", "mode": "rw"}})
+    listing = api(base, "/api/contents", token).json()
+    assert "already-here.txt" in [e["name"] for e in listing["content"]], "Jupyter's root should be /workspace"
+    r = requests.put(f"{base}/api/contents/via-api.txt", headers={"Authorization": f"token {token}"},
+                     json={"type": "file", "format": "text", "content": "x"}, timeout=TIMEOUT)
+    assert r.status_code == 201, f"saving through the contents API should give 201, got {r.status_code}"
+    run_in_kernel(base, token, "open('/workspace/via-kernel.txt', 'w').write('y')")
+    for name in ("via-api.txt", "via-kernel.txt"):
+        st = (ws / name).stat()
+        assert (st.st_uid, st.st_gid) == (4321, 4322), f"{name} should belong to 4321:4322, got {st.st_uid}:{st.st_gid}"
+
+
+def test_terminals_run_bash(start_jupyter):
+    """Container should open Jupyter terminals with bash."""
+    _, base, token = start_jupyter()
+    r = requests.post(f"{base}/api/terminals", headers={"Authorization": f"token {token}"}, timeout=TIMEOUT)
+    assert r.status_code == 200, f"creating a terminal should give 200, got {r.status_code}"
+    ws = websocket.create_connection(ws_url(base, f"/terminals/websocket/{r.json()['name']}", token), timeout=TIMEOUT)
+    try:
+        ws.send(json.dumps(["stdin", "echo SHELL_IS_${BASH_VERSINFO[0]}_$(id -un)\r"]))
+        seen, deadline = "", time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline and not re.search(r"SHELL_IS_\d+_dev", seen):
+            msg = json.loads(ws.recv())
+            if msg[0] == "stdout":
+                seen += msg[1]
+        assert re.search(r"SHELL_IS_\d+_dev", seen), f"the terminal should be bash as dev, saw {seen[-500:]!r}"
+    finally:
+        ws.close()
+
+
+def test_custom_port(start_jupyter):
+    """Container should serve Jupyter on JUPYTER_PORT and print that port in the ready line."""
+    c, base, token = start_jupyter({"JUPYTER_PORT": "9999"}, port=9999)
+    assert "http://127.0.0.1:9999/lab?token=" in c.logs().decode(), "the ready URL should use the custom port"
+    assert api(base, "/api/contents", token).status_code == 200, "Jupyter should answer on 9999"
+
+
+def test_cross_origin_requests_are_not_allowed(start_jupyter):
+    """Container should not allow other origins (no allow_origin=*): no CORS grant for a browser
+    session, no foreign-origin websocket. (Jupyter does answer cross-origin calls that carry the
+    token itself in an Authorization header: whoever holds the token is trusted anyway.)"""
+    _, base, token = start_jupyter()
+    browser = requests.Session()
+    browser.get(f"{base}/lab?token={token}", timeout=TIMEOUT)  # logs in: sets the session cookie
+    r = browser.get(f"{base}/api/contents", timeout=TIMEOUT)
+    assert r.status_code == 200, f"the session cookie should authenticate, got {r.status_code}"
+    r = browser.get(f"{base}/api/contents", headers={"Origin": "http://evil.example"}, timeout=TIMEOUT)
+    assert r.status_code in (403, 404) and "Access-Control-Allow-Origin" not in r.headers, \
+        f"a page on another origin must not use the API with the user's cookie: {r.status_code} {r.headers}"
+    r = requests.post(f"{base}/api/kernels", headers={"Authorization": f"token {token}"}, timeout=TIMEOUT)
+    kernel = r.json()["id"]
+    url = base.replace("http://", "ws://") + f"/api/kernels/{kernel}/channels"
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+    with pytest.raises(websocket.WebSocketBadStatusException) as err:
+        websocket.create_connection(url, cookie=cookie, origin="http://evil.example", timeout=TIMEOUT)
+    assert err.value.status_code == 403, f"a foreign-origin websocket should get 403, got {err.value.status_code}"
+    websocket.create_connection(url, cookie=cookie, timeout=TIMEOUT).close()  # same origin: fine
+
+
+def test_generated_token_is_printed_once_in_the_ready_line(start_jupyter):
+    """Container should print one ready line with a clickable URL holding the generated token."""
+    c, base, token = start_jupyter()
+    logs = wait_for_log(c, r"==> READY", 5)
+    lines = [ln for ln in logs.splitlines() if "READY" in ln]
+    assert len(lines) == 1, f"exactly one ready line expected: {lines}"
+    assert logs.count(token) == 1, "the generated token should appear only in the ready line"
+    assert re.search(rf"^INFO .*http://127\.0\.0\.1:8888/lab\?token={token}\b", lines[0]), lines[0]
+    assert len(token) >= 32, "the generated token should be long enough to not be guessed"

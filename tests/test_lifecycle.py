@@ -1,0 +1,220 @@
+"""Process model and start-up: tini as PID 1, fail-fast services, clean `docker stop`, health,
+user hooks, commands as the non-root user, UID mapping, and the start-up checks' messages."""
+import os
+import re
+import subprocess
+import time
+
+import pytest
+import requests
+
+from conftest import READY, wait_for_log
+
+ISSUE_LINE = re.compile(r"^(WARN|ERROR)\b|^\[[WEC] ", re.M)  # ours, and Jupyter's [W]/[E]/[C]
+
+
+@pytest.fixture(scope="module")
+def public_key(tmp_path_factory):
+    """A fresh ed25519 public key, so that sshd runs (it only starts with a key)."""
+    key = tmp_path_factory.mktemp("ssh") / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key.with_suffix(".pub").read_text().strip()
+
+
+def wait_for_exit(container, timeout=30):
+    return container.wait(timeout=timeout)["StatusCode"]
+
+
+def wait_for_health(container, want="healthy", timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        container.reload()
+        status = container.attrs["State"].get("Health", {}).get("Status")
+        if status == want:
+            return
+        assert container.status == "running", f"container stopped while waiting for {want}"
+        time.sleep(1)
+    log = container.attrs["State"].get("Health", {}).get("Log", [])[-3:]
+    pytest.fail(f"health is {status!r}, not {want!r}, after {timeout}s; last checks: {log}")
+
+
+def test_tini_is_pid_1(start_container):
+    """Container should run tini as PID 1, with the services under it."""
+    c = start_container()
+    wait_for_log(c, READY)
+    _, comm = c.exec_run(["cat", "/proc/1/comm"])
+    assert comm.decode().strip() == "tini", f"PID 1 should be tini, is {comm!r}"
+    _, children = c.exec_run(["ps", "-o", "args=", "--ppid", "1"])
+    assert "services.sh" in children.decode(), f"tini's child should be services.sh: {children!r}"
+
+
+@pytest.mark.parametrize("pattern,name", [("jupyter-lab", "JupyterLab"), ("/usr/sbin/sshd -D", "sshd")])
+def test_killing_a_service_stops_the_container_non_zero(start_container, public_key, pattern, name):
+    """Container should exit non-zero, naming the service, when JupyterLab or sshd dies."""
+    c = start_container(environment={"PUBLIC_KEY": public_key})
+    wait_for_log(c, READY)
+    code, out = c.exec_run(["pkill", "-TERM", "-o", "-f", pattern])
+    assert code == 0, f"pkill should find {pattern!r}: {out!r}"
+    status = wait_for_exit(c)
+    logs = c.logs().decode(errors="replace")
+    assert status != 0, f"exit code should be non-zero when {name} dies, got {status}:\n{logs}"
+    assert re.search(rf"^ERROR .*{name} exited unexpectedly", logs, re.M), f"an ERROR should name {name}:\n{logs}"
+
+
+def test_docker_stop_is_prompt_and_clean(start_jupyter, public_key):
+    """Container should stop on `docker stop` within a few seconds, exit code 0 (not 137)."""
+    c, base, token = start_jupyter({"PUBLIC_KEY": public_key})
+    # With a running kernel too: Jupyter shuts its kernels down before it exits.
+    r = requests.post(f"{base}/api/kernels", headers={"Authorization": f"token {token}"}, timeout=30)
+    assert r.status_code == 201, f"a kernel should start: {r.status_code}"
+    started = time.monotonic()
+    c.stop(timeout=10)
+    took = time.monotonic() - started
+    c.reload()
+    code = c.attrs["State"]["ExitCode"]
+    assert code == 0, f"exit code after docker stop should be 0, got {code} (137 = killed)"
+    assert took < 5, f"docker stop should take well under Docker's 10 s, took {took:.1f}s"
+    assert "Stopped cleanly" in c.logs().decode(), "the supervisor should log the clean stop"
+
+
+@pytest.mark.parametrize("env,port", [({"PUBLIC_KEY": None}, 8888), ({"JUPYTER_PORT": "9999"}, 9999)],
+                         ids=["jupyter+sshd", "custom-port"])
+def test_health_reaches_healthy(start_container, public_key, env, port):
+    """Container should become healthy (Jupyter /api, and sshd when on), also on a custom port."""
+    env = {k: (v or public_key) for k, v in env.items()}
+    c = start_container(environment=env)
+    wait_for_health(c)
+    _, out = c.exec_run(["/usr/local/bin/healthcheck"])
+    assert f"JupyterLab on {port}" in out.decode(), f"the check should probe port {port}: {out!r}"
+    if "PUBLIC_KEY" in env:
+        assert "sshd on 22" in out.decode(), f"the check should cover sshd: {out!r}"
+
+
+@pytest.mark.parametrize("pattern,name", [("jupyter-lab", "JupyterLab"), ("/usr/sbin/sshd -D", "sshd")])
+def test_healthcheck_fails_when_a_service_hangs(start_container, public_key, pattern, name):
+    """Container healthcheck should fail, naming the service, when JupyterLab or sshd is frozen."""
+    c = start_container(environment={"PUBLIC_KEY": public_key})
+    wait_for_log(c, READY)
+    code, out = c.exec_run(["/usr/local/bin/healthcheck"])
+    assert code == 0, f"the check should pass first: {out!r}"
+    c.exec_run(["pkill", "-STOP", "-o", "-f", pattern])
+    code, out = c.exec_run(["/usr/local/bin/healthcheck"])
+    assert code != 0 and name in out.decode(), f"a frozen {name} should fail the check: {code} {out!r}"
+
+
+def test_healthcheck_passes_for_a_plain_command(start_container):
+    """Container healthcheck should not flag `docker run IMAGE <command>`, which runs no services."""
+    c = start_container(["sleep", "60"])
+    wait_for_log(c, r"Executing: sleep 60")
+    code, out = c.exec_run(["/usr/local/bin/healthcheck"])
+    assert code == 0 and "command mode" in out.decode(), f"command mode should pass: {code} {out!r}"
+
+
+def test_user_hooks_run(run_in_image, tmp_path):
+    """Container should source *.sh hooks, run executable hooks and skip other files, in order."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "10-env.sh").write_text("export HOOK_VAR=from-sourced-hook\n")
+    (hooks / "20-run").write_text("#!/bin/sh\necho \"ran as $(id -un) with $HOOK_VAR\" > /tmp/hook-ran\n")
+    (hooks / "30-not-executable").write_text("#!/bin/sh\ntouch /tmp/should-not-exist\n")
+    (hooks / "20-run").chmod(0o755)
+    (hooks / "30-not-executable").chmod(0o644)
+    code, out = run_in_image(
+        ["bash", "-c", "echo VAR=$HOOK_VAR; cat /tmp/hook-ran; ls /tmp/should-not-exist 2>&1 || true"],
+        volumes={str(hooks): {"bind": "/etc/team/hooks.d", "mode": "ro"}})
+    assert code == 0, f"the command should succeed:\n{out}"
+    assert "VAR=from-sourced-hook" in out, f"a sourced hook's exports should reach the command:\n{out}"
+    assert "ran as root with from-sourced-hook" in out, f"the executable hook should run after it:\n{out}"
+    assert "No such file" in out, f"a non-executable, non-.sh file should not run:\n{out}"
+
+
+def test_command_runs_after_setup_as_the_non_root_user(run_in_image):
+    """Container should run `docker run IMAGE bash -c ...` as dev in /workspace, exit code kept."""
+    code, out = run_in_image(["bash", "-c", "echo \"$(id -un) $(id -u) $PWD $HOME\"; exit 7"])
+    assert code == 7, f"the command's exit code should be the container's, got {code}:\n{out}"
+    assert "dev 1000 /workspace /home/dev" in out, f"the command should run as dev:\n{out}"
+    assert "Executing: bash -c" in out, f"the entrypoint should say what it runs:\n{out}"
+
+
+def test_normal_start_prints_no_warn_or_error(start_container, public_key):
+    """Container should start Jupyter and sshd (CPU host, 1 GiB shm) without a WARN or ERROR line."""
+    c = start_container(environment={"PUBLIC_KEY": public_key}, shm_size="1g")
+    logs = wait_for_log(c, READY)
+    assert not ISSUE_LINE.search(logs), f"a normal start should print no WARN/ERROR:\n{logs}"
+    assert re.search(r"^INFO .*torch 2\.6\.\d+, CUDA 12\.4, cuDNN 9\.\d+\.\d+, NCCL 2\.\d+", logs, re.M), \
+        f"the banner should give the versions:\n{logs}"
+    assert re.search(r"^INFO .*No GPU visible.*--gpus all", logs, re.M), \
+        f"a CPU start should say how to get GPUs, as INFO:\n{logs}"
+    assert "SSH on" in logs, f"the ready line should say SSH is on:\n{logs}"
+
+
+def test_small_shm_warns_with_the_fix(run_in_image):
+    """Container should WARN when /dev/shm is below 1 GiB, with --shm-size and --ipc=host."""
+    code, out = run_in_image(["true"], shm_size="64m")
+    assert code == 0, f"a small shm should warn, not fail:\n{out}"
+    assert re.search(r"^WARN .*/dev/shm is only 64 MiB.*--shm-size=8g.*--ipc=host", out, re.M), \
+        f"the WARN should give the fix:\n{out}"
+
+
+def test_user_follows_the_owner_of_a_mounted_workspace(run_in_image, tmp_path):
+    """Container should give dev the UID/GID of the bind-mounted /workspace's owner."""
+    os.chown(tmp_path, 4321, 4322)
+    code, out = run_in_image(["bash", "-c", "id -u; id -g; touch /workspace/made-here; stat -c %u:%g ~"],
+                             volumes={str(tmp_path): {"bind": "/workspace", "mode": "rw"}})
+    assert code == 0, f"the command should succeed:\n{out}"
+    assert "4321\n4322\n4321:4322" in out, f"dev should be 4321:4322 and own its home:\n{out}"
+    st = (tmp_path / "made-here").stat()
+    assert (st.st_uid, st.st_gid) == (4321, 4322), f"the file should belong to the host user, got {st.st_uid}:{st.st_gid}"
+
+
+def test_host_uid_and_gid_env_vars_win(run_in_image):
+    """Container should use HOST_UID/HOST_GID when given, with no mount."""
+    code, out = run_in_image(["bash", "-c", "echo ids=$(id -u):$(id -g)"],
+                             environment={"HOST_UID": "2345", "HOST_GID": "100"})
+    assert code == 0 and "ids=2345:100" in out, f"dev should be 2345:100 (existing GID is fine):\n{out}"
+
+
+def test_root_uid_is_refused(run_in_image):
+    """Container should refuse HOST_UID=0, which would run Jupyter and SSH sessions as root."""
+    code, out = run_in_image(["true"], environment={"HOST_UID": "0"})
+    assert code != 0 and re.search(r"^ERROR .*HOST_UID.*refused", out, re.M), f"UID 0 should be refused:\n{out}"
+
+
+def test_unwritable_workspace_is_an_error_with_the_fix(run_in_image, tmp_path):
+    """Container should log an ERROR with the fix when dev cannot write the mounted /workspace."""
+    tmp_path.chmod(0o755)  # root-owned: says nothing about the host user, so no UID change
+    code, out = run_in_image(["true"], volumes={str(tmp_path): {"bind": "/workspace", "mode": "rw"}})
+    assert re.search(r"^ERROR .*/workspace .*not writable.*HOST_UID=\$\(id -u\)", out, re.M), \
+        f"an ERROR with the fix is expected:\n{out}"
+
+
+@pytest.mark.parametrize("grant,expect", [("1", "0"), (None, "password is required")])
+def test_sudo_only_when_granted(run_in_image, grant, expect):
+    """Container should give dev passwordless sudo with GRANT_SUDO=1, and none without it."""
+    env = {"GRANT_SUDO": grant} if grant else {}
+    _, out = run_in_image(["bash", "-c", "sudo -n id -u 2>&1"], environment=env)
+    assert expect in out, f"GRANT_SUDO={grant}: expected {expect!r}:\n{out}"
+
+
+# A fake nvidia-smi shows what the GPU checks say on hardware this CI host does not have.
+@pytest.mark.parametrize("gpu,warn", [
+    ("0, NVIDIA H100 80GB HBM3, 550.54.15, 9.0", None),
+    ("0, NVIDIA GeForce RTX 4090, 550.54.15, 8.9", None),  # sm_86 kernels run on sm_89
+    ("0, NVIDIA GeForce RTX 5090, 570.124.04, 12.0", r"Blackwell .*no kernels.*PyTorch >= 2\.7"),
+    ("0, NVIDIA B200, 570.124.06, 10.0", r"Blackwell .*no kernels.*PyTorch >= 2\.7"),
+    ("0, Tesla T4, 470.82.01, 7.5", r"driver 470\.82\.01 is older than 525\.60\.13.*upgrade"),
+], ids=["h100", "rtx4090", "rtx5090", "b200", "old-driver"])
+def test_gpu_checks_name_the_problem_and_the_fix(run_in_image, tmp_path, gpu, warn):
+    """Container should report the GPU and WARN, with the fix, on an old driver or a Blackwell GPU."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho '{gpu}'\n")
+    fake.chmod(0o755)
+    code, out = run_in_image(["true"], volumes={str(fake): {"bind": "/usr/local/nvidia/bin/nvidia-smi", "mode": "ro"}})
+    assert code == 0, f"GPU checks should warn, not fail:\n{out}"
+    name = gpu.split(", ")[1]
+    assert re.search(rf"^INFO .*GPU 0: {name}", out, re.M), f"the banner should list the GPU:\n{out}"
+    warns = re.findall(r"^WARN .*", out, re.M)
+    if warn is None:
+        assert not warns, f"a supported GPU should give no WARN: {warns}"
+    else:
+        assert any(re.search(warn, w) for w in warns), f"expected a WARN matching {warn!r}:\n{out}"
