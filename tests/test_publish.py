@@ -252,6 +252,48 @@ def test_release_workflow_tags_follow_the_event(event, ref, immutable, moving):
     assert got["moving"].split() == moving, f"{event} {ref}: {got}"
 
 
+def push_script(*args, env=None):
+    return subprocess.run(["python3", str(ROOT / "scripts" / "push.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, check=False, timeout=300,
+                          env=dict(os.environ, DOCKER="/usr/bin/docker", **(env or {})))
+
+
+def test_verify_checks_every_tag_the_digest_and_the_expected_labels(local_registry, worktree,
+                                                                    tiny_image, tmp_path):
+    """push.py verify (the release workflow's check) should pass only for the true digest and labels."""
+    tag, sha = new_tag(), git(worktree, "rev-parse", "--short=12", "HEAD")
+    tiny_image(tag, sha)
+    assert push(local_registry, worktree, tag, tmp_path).returncode == 0, "push failed"
+    digest = registry_digest(local_registry, tag)
+    common = ["verify", "--repository", f"{local_registry}/{NAME}", "--tag", tag,
+              "--moving", "2.6 latest", "--worktree", str(worktree), "--record", str(tmp_path)]
+    good = push_script(*common, "--digest", digest,
+                       "--label", f"org.opencontainers.image.version={tag}")
+    assert good.returncode == 0, f"verify rejected a correct publish:\n{good.stderr}"
+    bad_label = push_script(*common, "--digest", digest, "--label", "team.torch.version=2.5.1")
+    assert bad_label.returncode != 0 and "labels differ" in bad_label.stderr, \
+        f"verify accepted a wrong label:\n{bad_label.stderr}"
+    moved = push_script(*common, "--digest", "sha256:" + "0" * 64)
+    assert moved.returncode != 0, f"verify accepted a digest the registry never had:\n{moved.stderr}"
+
+
+def test_preflight_refuses_an_existing_immutable_tag_before_any_build(local_registry, worktree,
+                                                                       tiny_image, tmp_path):
+    """push.py preflight without a local image should refuse an immutable tag that exists."""
+    tag = new_tag()
+    tiny_image(tag, git(worktree, "rev-parse", "--short=12", "HEAD"))
+    assert push(local_registry, worktree, tag, tmp_path).returncode == 0, "push failed"
+    common = ["preflight", "--repository", f"{local_registry}/{NAME}", "--no-sha-tag",
+              "--worktree", str(worktree)]
+    taken = push_script(*common, "--tag", tag)
+    assert taken.returncode != 0 and "already exists" in taken.stderr, \
+        f"preflight let a rebuild replace {tag}:\n{taken.stderr}"
+    forced = push_script(*common, "--tag", tag, env={"FORCE": "1"})
+    assert forced.returncode == 0, f"preflight ignored FORCE=1:\n{forced.stderr}"
+    fresh = push_script(*common, "--tag", new_tag())
+    assert fresh.returncode == 0, f"preflight refused a new tag:\n{fresh.stderr}"
+
+
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 
 
