@@ -259,3 +259,15 @@ def test_generated_token_is_printed_once_in_the_ready_line(start_jupyter):
     assert logs.count(token) == 1, "the generated token should appear only in the ready line"
     assert re.search(rf"^INFO .*http://127\.0\.0\.1:8888/lab\?token={token}\b", lines[0]), lines[0]
     assert len(token) >= 32, "the generated token should be long enough to not be guessed"
+
+
+def test_lab_does_not_phone_home_for_news(start_jupyter):
+    """Container should default JupyterLab's news feed and update check to off (no outside calls)."""
+    _, base, token = start_jupyter()
+    r = api(base, "/lab/api/settings/@jupyterlab/apputils-extension:notification", token)
+    assert r.status_code == 200, f"the settings API should answer: {r.status_code}"
+    # Overrides become the schema's defaults; the user can still opt in from Settings.
+    props = r.json()["schema"]["properties"]
+    defaults = {k: props[k]["default"] for k in ("fetchNews", "checkForUpdates")}
+    assert defaults == {"fetchNews": "false", "checkForUpdates": False}, \
+        f"news and update checks should be off by default: {defaults}"
