@@ -50,8 +50,6 @@ def _required_gpus(config):
     return max(from_env, flag, config.getoption("require_gpus") or 0)
 
 
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     config.stash[REQUIRED] = _required_gpus(config)
@@ -83,7 +81,8 @@ def pytest_report_header(config):
               f"{gpu_count()} GPU(s) visible")]
     lines += [f"smoke:   cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(gpu_count())]
     required = config.stash[REQUIRED]
-    lines.append(f"smoke: --require-gpu: at least {required} GPU(s); every skip is a failure"
+    lines.append(f"smoke: --require-gpu: at least {required} GPU(s); a skip of any test needing "
+                 f"<= {required} GPU(s) is a failure"
                  if required else "smoke: GPU tests skip when no GPU is visible (--require-gpu to fail)")
     if config.stash[EXPECTED]:
         lines.append(f"smoke: expected versions from {config.stash[EXPECTED_FROM]}")

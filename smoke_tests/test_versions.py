@@ -1,11 +1,16 @@
-"""Versions: the libraries torch actually loads are the ones the image (or the caller) claims."""
+"""Versions: the libraries torch actually loads are the ones the image (or the caller) claims.
+
+torchvision/torchaudio versions come from package metadata, not an import, so that a broken
+extension library fails its own tests (test_vision_audio.py) instead of this whole module."""
+import importlib.metadata
 import sys
 
 import pytest
 import torch
-import torchaudio
-import torchvision
 from smokelib import VERSION_KEYS
+
+VISION = importlib.metadata.version("torchvision")
+AUDIO = importlib.metadata.version("torchaudio")
 
 
 def loaded_versions():
@@ -13,8 +18,8 @@ def loaded_versions():
     cudnn = torch.backends.cudnn.version()
     return {
         "torch": torch.__version__.split("+")[0],
-        "torchvision": torchvision.__version__.split("+")[0],
-        "torchaudio": torchaudio.__version__.split("+")[0],
+        "torchvision": VISION.split("+")[0],
+        "torchaudio": AUDIO.split("+")[0],
         "cuda": torch.version.cuda,
         "cudnn": f"{cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}" if cudnn else None,
         "nccl": ".".join(map(str, torch.cuda.nccl.version()[:3])) if torch.distributed.is_nccl_available() else None,
@@ -30,11 +35,12 @@ def test_torchvision_and_torchaudio_belong_to_the_loaded_torch():
     """torchvision 0.(m+15) and torchaudio 2.m must pair with torch 2.m, on the same CUDA build."""
     major, minor = release(torch.__version__)
     assert major == 2, f"pairing rule known for torch 2.x only; torch is {torch.__version__}"
-    assert release(torchvision.__version__) == (0, minor + 15), (
-        f"torchvision {torchvision.__version__} is not the release paired with torch {torch.__version__}")
-    assert release(torchaudio.__version__) == (major, minor), (
-        f"torchaudio {torchaudio.__version__} is not the release paired with torch {torch.__version__}")
-    locals_ = {m.__name__: m.__version__.partition("+")[2] for m in (torch, torchvision, torchaudio)}
+    assert release(VISION) == (0, minor + 15), (
+        f"torchvision {VISION} is not the release paired with torch {torch.__version__}")
+    assert release(AUDIO) == (major, minor), (
+        f"torchaudio {AUDIO} is not the release paired with torch {torch.__version__}")
+    locals_ = {name: v.partition("+")[2] for name, v in
+               (("torch", torch.__version__), ("torchvision", VISION), ("torchaudio", AUDIO))}
     suffixes = {s for s in locals_.values() if s}
     assert len(suffixes) <= 1, f"torch, torchvision and torchaudio come from different builds: {locals_}"
 
