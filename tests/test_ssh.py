@@ -284,6 +284,16 @@ def test_ssh_off_without_key_and_jupyter_still_runs(start_container):
     assert "ssh_host_" not in out, f"no host keys are needed without sshd: {out!r}"
 
 
+def test_ssh_can_be_switched_off_with_sshd_enabled_0(start_container, key):
+    """Container should start no sshd when SSHD_ENABLED=0, even with a key, and say so."""
+    c = start_container(environment={"PUBLIC_KEY": key.public, "SSHD_ENABLED": "0"})
+    wait_until(lambda: exec_in(c, "curl -fsS -o /dev/null http://127.0.0.1:8888/api")[0] == 0, 120,
+               f"JupyterLab should run with SSH switched off:\n{c.logs().decode()}")
+    _, out = exec_in(c, "cat /run/team/sshd-enabled; pgrep -x sshd || echo no-sshd")
+    assert out.split() == ["0", "no-sshd"], f"sshd should be off and marked so: {out!r}"
+    assert "SSH is off (SSHD_ENABLED=0)" in c.logs().decode(), "the log should say why SSH is off"
+
+
 def test_ssh_not_started_with_a_command_and_public_key_not_passed_on(run_in_image, key):
     """Container should run a given command without sshd and without PUBLIC_KEY in its env."""
     rc, logs = run_in_image(["bash", "-c", "echo \"PK=${PUBLIC_KEY-unset}\"; pgrep -x sshd || echo no-sshd"],
@@ -292,6 +302,21 @@ def test_ssh_not_started_with_a_command_and_public_key_not_passed_on(run_in_imag
     assert "PK=unset" in logs, f"PUBLIC_KEY should not reach the command: {logs}"
     assert "no-sshd" in logs and "SSH: not started, because a command was given" in logs, (
         f"a command runs instead of the services, and the log should say so: {logs}")
+
+
+def test_ssh_sftp_transfers_files(start_container, key):
+    """Container should serve SFTP (scp, VS Code, editors) to the key's owner, unbroken by shell init."""
+    c = start_with_ssh(start_container, key.public)
+    client = ssh_connect(c, key.pkey)
+    sftp = client.open_sftp()
+    payload = secrets.token_bytes(4096)
+    with sftp.open("/workspace/upload.bin", "wb") as f:
+        f.write(payload)
+    with sftp.open("/workspace/upload.bin", "rb") as f:
+        back = f.read()
+    sftp.close()
+    client.close()
+    assert back == payload, "a file written over SFTP should read back unchanged"
 
 
 # --- host keys ----------------------------------------------------------------------------
