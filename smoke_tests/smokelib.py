@@ -83,14 +83,13 @@ class RandomImages(torch.utils.data.Dataset):
 
 def all_reduce_worker(rank, world_size, backend, init_file, out_dir):
     """Rank r contributes r+1 to an all_reduce(SUM) and writes what it got back to out_dir."""
+    # One GPU per rank, selected before NCCL creates its communicator on the current device.
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=60))
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-            device = torch.device("cuda", rank)
-        else:
-            device = torch.device("cpu")
         t = torch.full((8,), float(rank + 1), device=device)
         dist.all_reduce(t)
         pathlib.Path(out_dir, f"rank{rank}.json").write_text(json.dumps(t.cpu().tolist()))
