@@ -94,10 +94,20 @@ def main(argv):
 
     attrs = json.loads(docker("image", "inspect", args.image))[0]
     files = extract(args.image)
+    last = args.image.rsplit("/", 1)[-1]
+    tag = args.tag or (last.rsplit(":", 1)[-1] if ":" in last and "@" not in last else "image")
+    out = pathlib.Path(args.out)
+    digests = set(attrs.get("RepoDigests") or [])
+    # make push leaves no registry reference behind locally; its record names the digest.
+    record = out / f"{tag}.json"
+    if record.is_file():
+        published = json.loads(record.read_text())
+        if published.get("image_id") in (None, attrs["Id"]):
+            digests.add(f"{published['repository']}@{published['digest']}")
     manifest = {
         "image": args.image,
         "image_id": attrs["Id"],
-        "repo_digests": attrs.get("RepoDigests") or [],
+        "repo_digests": sorted(digests),
         "created": attrs.get("Created"),
         "size_bytes": attrs.get("Size", 0),
         "labels": attrs["Config"].get("Labels") or {},
@@ -105,9 +115,6 @@ def main(argv):
         "pip": files["pip-freeze.txt"].split(),
         "dpkg": files["dpkg.txt"].split(),
     }
-    last = args.image.rsplit("/", 1)[-1]
-    tag = args.tag or (last.rsplit(":", 1)[-1] if ":" in last and "@" not in last else "image")
-    out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{tag}.manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     (out / f"{tag}.manifest.md").write_text(markdown(manifest))

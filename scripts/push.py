@@ -43,6 +43,18 @@ def run(*args, check=True):
     return proc
 
 
+def stream(*args):
+    """Run a long command (docker push of GBs), echoing its lines to stderr; return its stdout."""
+    lines = []
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            print(f"  {line.rstrip()}", file=sys.stderr, flush=True)
+    if proc.returncode != 0:
+        refuse(f"`{' '.join(args)}` failed ({proc.returncode})")
+    return "".join(lines)
+
+
 def git(worktree, *args):
     return run("git", "-C", str(worktree), *args).stdout
 
@@ -133,7 +145,7 @@ def push_tags(source, repository, tags):
             ref = f"{repository}:{tag}"
             run(DOCKER, "tag", source, ref)
             log("INFO", f"pushing {ref}")
-            out = run(DOCKER, "push", ref).stdout
+            out = stream(DOCKER, "push", ref)
             match = re.search(r"digest: (sha256:[0-9a-f]{64})", out)
             if not match:
                 refuse(f"`docker push {ref}` printed no digest:\n{out}")

@@ -220,9 +220,13 @@ def test_ci_build_args_match_make_build():
     assert from_ci == from_make, f"CI build args {from_ci} differ from make's {from_make}"
 
 
-def test_manifest_lists_packages_versions_and_labels(image_ref, image, tmp_path):
-    """make manifest should write the image's pip freeze, dpkg list, versions and labels."""
+def test_manifest_lists_packages_versions_labels_and_digest(image_ref, image, tmp_path):
+    """make manifest should write the image's pip freeze, dpkg list, versions, labels, digest."""
     tag = image_ref.rsplit(":", 1)[1]
+    # A publish record as make push leaves it: the manifest should name the pushed digest.
+    pushed = f"127.0.0.1:5000/team-dl@sha256:{'a' * 64}"
+    (tmp_path / f"{tag}.json").write_text(json.dumps(
+        {"repository": pushed.split("@")[0], "digest": pushed.split("@")[1], "image_id": image.id}))
     result = make("manifest", f"REF={image_ref}", f"TAG={tag}", f"PUBLISH_DIR={tmp_path}")
     assert result.returncode == 0, f"make manifest failed:\n{result.stderr}"
     data = json.loads((tmp_path / f"{tag}.manifest.json").read_text())
@@ -230,6 +234,7 @@ def test_manifest_lists_packages_versions_and_labels(image_ref, image, tmp_path)
     assert any(p.startswith("openssh-server=") for p in data["dpkg"]), "sshd missing from dpkg"
     assert data["versions"]["torch"] == "2.6.0", f"versions.json says {data['versions']}"
     assert data["labels"] == image.labels, "manifest labels differ from the image's"
+    assert pushed in data["repo_digests"], f"pushed digest missing: {data['repo_digests']}"
     md = (tmp_path / f"{tag}.manifest.md").read_text()
     assert "torch==2.6.0" in md and image.id in md, "markdown manifest lacks torch or the id"
 
