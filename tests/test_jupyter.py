@@ -9,7 +9,6 @@ import uuid
 import pytest
 import requests
 import websocket
-
 from conftest import wait_for_log
 
 TIMEOUT = 30
@@ -165,7 +164,7 @@ def test_empty_token_is_refused_with_the_fix(run_in_image, tmp_path, how):
                "volumes": {str(tmp_path / "token"): {"bind": "/t", "mode": "ro"}}})
     code, logs = run_in_image(None, timeout=60, **kwargs)
     assert code != 0, f"an empty token should stop the container:\n{logs}"
-    assert re.search(r"^ERROR .*token is empty.*JUPYTER_ALLOW_INSECURE=1", logs, re.M), \
+    assert re.search(r"^ERROR .*token is empty.*JUPYTER_ALLOW_INSECURE=1", logs, re.MULTILINE), \
         f"an ERROR line should explain and name the fix:\n{logs}"
     assert "READY" not in logs, "Jupyter should not have started"
 
@@ -174,7 +173,7 @@ def test_insecure_flag_allows_empty_token_and_says_so_loudly(start_jupyter):
     """Container should serve without auth only with JUPYTER_ALLOW_INSECURE=1, and WARN about it."""
     c, base, _ = start_jupyter({"JUPYTER_TOKEN": "", "JUPYTER_ALLOW_INSECURE": "1"})
     logs = c.logs().decode(errors="replace")
-    assert re.search(r"^WARN .*NO AUTHENTICATION", logs, re.M), f"a loud WARN line is expected:\n{logs}"
+    assert re.search(r"^WARN .*NO AUTHENTICATION", logs, re.MULTILINE), f"a loud WARN line is expected:\n{logs}"
     assert api(base, "/api/contents").status_code == 200, "with the insecure flag no token is needed"
 
 
@@ -191,7 +190,7 @@ def test_files_made_via_jupyter_on_a_bind_mount_belong_to_the_host_user(start_ju
     ws.mkdir()
     (ws / "already-here.txt").write_text("hi")
     os.chown(ws, 4321, 4322)
-    c, base, token = start_jupyter(volumes={str(ws): {"bind": "/workspace", "mode": "rw"}})
+    _, base, token = start_jupyter(volumes={str(ws): {"bind": "/workspace", "mode": "rw"}})
     listing = api(base, "/api/contents", token).json()
     assert "already-here.txt" in [e["name"] for e in listing["content"]], "Jupyter's root should be /workspace"
     r = requests.put(f"{base}/api/contents/via-api.txt", headers={"Authorization": f"token {token}"},
@@ -252,7 +251,7 @@ def test_cross_origin_requests_are_not_allowed(start_jupyter):
 
 def test_generated_token_is_printed_once_in_the_ready_line(start_jupyter):
     """Container should print one ready line with a clickable URL holding the generated token."""
-    c, base, token = start_jupyter()
+    c, _, token = start_jupyter()
     logs = wait_for_log(c, r"==> READY", 5)
     lines = [ln for ln in logs.splitlines() if "READY" in ln]
     assert len(lines) == 1, f"exactly one ready line expected: {lines}"

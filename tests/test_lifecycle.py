@@ -7,10 +7,9 @@ import time
 
 import pytest
 import requests
-
 from conftest import READY, wait_for_log
 
-ISSUE_LINE = re.compile(r"^(WARN|ERROR)\b|^\[[WEC] ", re.M)  # ours, and Jupyter's [W]/[E]/[C]
+ISSUE_LINE = re.compile(r"^(WARN|ERROR)\b|^\[[WEC] ", re.MULTILINE)  # ours, and Jupyter's [W]/[E]/[C]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +57,7 @@ def test_killing_a_service_stops_the_container_non_zero(start_container, public_
     status = wait_for_exit(c)
     logs = c.logs().decode(errors="replace")
     assert status != 0, f"exit code should be non-zero when {name} dies, got {status}:\n{logs}"
-    assert re.search(rf"^ERROR .*{name} exited unexpectedly", logs, re.M), f"an ERROR should name {name}:\n{logs}"
+    assert re.search(rf"^ERROR .*{name} exited unexpectedly", logs, re.MULTILINE), f"an ERROR should name {name}:\n{logs}"
 
 
 def test_docker_stop_is_prompt_and_clean(start_jupyter, public_key):
@@ -141,9 +140,9 @@ def test_normal_start_prints_no_warn_or_error(start_container, public_key):
     c = start_container(environment={"PUBLIC_KEY": public_key}, shm_size="1g")
     logs = wait_for_log(c, READY)
     assert not ISSUE_LINE.search(logs), f"a normal start should print no WARN/ERROR:\n{logs}"
-    assert re.search(r"^INFO .*torch 2\.6\.\d+, CUDA 12\.4, cuDNN 9\.\d+\.\d+, NCCL 2\.\d+", logs, re.M), \
+    assert re.search(r"^INFO .*torch 2\.6\.\d+, CUDA 12\.4, cuDNN 9\.\d+\.\d+, NCCL 2\.\d+", logs, re.MULTILINE), \
         f"the banner should give the versions:\n{logs}"
-    assert re.search(r"^INFO .*No GPU visible.*--gpus all", logs, re.M), \
+    assert re.search(r"^INFO .*No GPU visible.*--gpus all", logs, re.MULTILINE), \
         f"a CPU start should say how to get GPUs, as INFO:\n{logs}"
     assert "SSH on" in logs, f"the ready line should say SSH is on:\n{logs}"
 
@@ -152,7 +151,7 @@ def test_small_shm_warns_with_the_fix(run_in_image):
     """Container should WARN when /dev/shm is below 1 GiB, with --shm-size and --ipc=host."""
     code, out = run_in_image(["true"], shm_size="64m")
     assert code == 0, f"a small shm should warn, not fail:\n{out}"
-    assert re.search(r"^WARN .*/dev/shm is only 64 MiB.*--shm-size=8g.*--ipc=host", out, re.M), \
+    assert re.search(r"^WARN .*/dev/shm is only 64 MiB.*--shm-size=8g.*--ipc=host", out, re.MULTILINE), \
         f"the WARN should give the fix:\n{out}"
 
 
@@ -177,14 +176,14 @@ def test_host_uid_and_gid_env_vars_win(run_in_image):
 def test_root_uid_is_refused(run_in_image):
     """Container should refuse HOST_UID=0, which would run Jupyter and SSH sessions as root."""
     code, out = run_in_image(["true"], environment={"HOST_UID": "0"})
-    assert code != 0 and re.search(r"^ERROR .*HOST_UID.*refused", out, re.M), f"UID 0 should be refused:\n{out}"
+    assert code != 0 and re.search(r"^ERROR .*HOST_UID.*refused", out, re.MULTILINE), f"UID 0 should be refused:\n{out}"
 
 
 def test_unwritable_workspace_is_an_error_with_the_fix(run_in_image, tmp_path):
     """Container should log an ERROR with the fix when dev cannot write the mounted /workspace."""
     tmp_path.chmod(0o755)  # root-owned: says nothing about the host user, so no UID change
-    code, out = run_in_image(["true"], volumes={str(tmp_path): {"bind": "/workspace", "mode": "rw"}})
-    assert re.search(r"^ERROR .*/workspace .*not writable.*HOST_UID=\$\(id -u\)", out, re.M), \
+    _, out = run_in_image(["true"], volumes={str(tmp_path): {"bind": "/workspace", "mode": "rw"}})
+    assert re.search(r"^ERROR .*/workspace .*not writable.*HOST_UID=\$\(id -u\)", out, re.MULTILINE), \
         f"an ERROR with the fix is expected:\n{out}"
 
 
@@ -212,8 +211,8 @@ def test_gpu_checks_name_the_problem_and_the_fix(run_in_image, tmp_path, gpu, wa
     code, out = run_in_image(["true"], volumes={str(fake): {"bind": "/usr/local/nvidia/bin/nvidia-smi", "mode": "ro"}})
     assert code == 0, f"GPU checks should warn, not fail:\n{out}"
     name = gpu.split(", ")[1]
-    assert re.search(rf"^INFO .*GPU 0: {name}", out, re.M), f"the banner should list the GPU:\n{out}"
-    warns = re.findall(r"^WARN .*", out, re.M)
+    assert re.search(rf"^INFO .*GPU 0: {name}", out, re.MULTILINE), f"the banner should list the GPU:\n{out}"
+    warns = re.findall(r"^WARN .*", out, re.MULTILINE)
     if warn is None:
         assert not warns, f"a supported GPU should give no WARN: {warns}"
     else:

@@ -2,7 +2,7 @@
 # The services, under tini: sshd (when the SSH step enabled it) and JupyterLab as $NB_USER.
 # If either dies the other is stopped and we exit non-zero; SIGTERM/SIGINT stop both quickly.
 set -uo pipefail
-# shellcheck source=lib/team/log.sh
+# shellcheck source=docker/rootfs/usr/local/lib/team/log.sh
 source /usr/local/lib/team/log.sh
 
 state=/run/team
@@ -21,6 +21,7 @@ stop_all() {
   wait 2>/dev/null
 }
 
+# shellcheck disable=SC2329  # invoked by the traps below
 on_signal() {
   stopping=1
   log_info "Received $1: stopping JupyterLab${sshd_pid:+ and sshd}"
