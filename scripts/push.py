@@ -4,6 +4,7 @@ then pull it back by digest and check the digest and the labels (`make push` run
 
 Usage: push.py push      --repository REG/NAME --tag TAG [options]   refuse/push/verify/record
        push.py preflight --repository REG/NAME --tag TAG [options]   only the refusal checks
+                         (no --image: CI before building, or before tagging --digest D)
        push.py verify    --repository REG/NAME --tag TAG --digest D  check published tags (CI)
 
 Refusals (exit 1, nothing pushed): a dirty work tree; an image whose revision/version labels
@@ -183,17 +184,35 @@ def verify(repository, tags, digest, expected_id, expected_labels, insecure):
     return labels
 
 
-def served_digest(ref, insecure):
-    """The manifest digest the registry serves for ref (of the index, for a multi-platform one)."""
-    args = [DOCKER, "manifest", "inspect", "-v"] + (["--insecure"] if insecure else []) + [ref]
-    entries = json.loads(run(*args).stdout)
-    if isinstance(entries, dict):
-        return entries["Descriptor"]["digest"]
-    # `manifest inspect -v` lists an index's platform manifests, not the index: pull to learn it.
-    run(DOCKER, "pull", "-q", ref)
-    repo = ref.rsplit(":", 1)[0]
-    attrs = json.loads(run(DOCKER, "image", "inspect", ref).stdout)[0]
-    return next((d.split("@", 1)[1] for d in attrs.get("RepoDigests", []) if d.startswith(repo + "@")), None)
+def has_buildx():
+    return run(DOCKER, "buildx", "version", check=False).returncode == 0
+
+
+def served_digest(ref, insecure, must_exist=True):
+    """The manifest digest the registry serves for ref (the index's, for a multi-platform
+    image); None when the tag is absent and must_exist is false. Pulls nothing when buildx is
+    there; the Debian 20.10 client has none, and an index then needs a pull to learn it."""
+    if has_buildx():
+        proc = run(DOCKER, "buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest}}",
+                   check=False)
+        if proc.returncode == 0:
+            return json.loads(proc.stdout)["digest"]
+    else:
+        args = [DOCKER, "manifest", "inspect", "-v"] + (["--insecure"] if insecure else []) + [ref]
+        proc = run(*args, check=False)
+        if proc.returncode == 0:
+            entries = json.loads(proc.stdout)
+            if isinstance(entries, dict):
+                return entries["Descriptor"]["digest"]
+            run(DOCKER, "pull", "-q", ref)
+            repo = ref.rsplit(":", 1)[0]
+            attrs = json.loads(run(DOCKER, "image", "inspect", ref).stdout)[0]
+            return next((d.split("@", 1)[1] for d in attrs.get("RepoDigests", [])
+                         if d.startswith(repo + "@")), None)
+    if not must_exist and re.search(r"no such manifest|manifest unknown|not found",
+                                    proc.stderr, re.IGNORECASE):
+        return None
+    refuse(f"cannot read {ref} from the registry: {proc.stderr.strip()}")
 
 
 def main(argv):
@@ -207,7 +226,7 @@ def main(argv):
     ap.add_argument("--image", action="append", default=[],
                     help="local image to publish (repeatable: the first that exists is used)")
     ap.add_argument("--worktree", default=".", help="git work tree the image was built from")
-    ap.add_argument("--digest", help="verify: the digest the build pushed")
+    ap.add_argument("--digest", help="verify: the digest pushed; preflight: the one to be tagged")
     ap.add_argument("--label", action="append", default=[], help="verify: expected KEY=VALUE")
     ap.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1",
                     help="replace an immutable tag that names another image (FORCE=1)")
@@ -233,10 +252,17 @@ def main(argv):
         return
 
     if args.command == "preflight" and not args.image:
-        # CI, before building: any existing immutable tag would be replaced by a new build.
+        # CI, before building or promoting: an immutable tag may only name --digest (a re-run
+        # of the same promotion); without one, any existing tag would be replaced.
         for tag in immutable:
-            if remote_config_digest(f"{args.repository}:{tag}", insecure) and not args.force:
-                refuse(f"{args.repository}:{tag} already exists; immutable tags are never "
+            ref = f"{args.repository}:{tag}"
+            existing = served_digest(ref, insecure, must_exist=False)
+            if existing is None or existing == args.digest:
+                log("INFO", f"{ref} is {'new' if existing is None else 'already this digest'}")
+            elif args.force:
+                log("WARN", f"FORCE: immutable {ref} ({existing[:19]}) will be replaced")
+            else:
+                refuse(f"{ref} already exists ({existing[:19]}); immutable tags are never "
                        f"moved (force to replace)")
         log("INFO", f"preflight passed for {' '.join(tags)}")
         return

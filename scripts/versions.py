@@ -113,7 +113,9 @@ def main(argv):
             # Weekly security rebuild: a new dated immutable tag; the moving tags follow it.
             immutable, moving = [f"{tag(r)}-{date}"], r.get("moving_tags", [])
         elif ref.startswith("refs/tags/v"):
-            immutable, moving = [tag(r), f"sha-{sha}"], r.get("moving_tags", [])
+            # A release promotes the digest main built for this commit (sha-<sha>, already
+            # there) to the descriptive tag; nothing is rebuilt.
+            immutable, moving = [tag(r)], r.get("moving_tags", [])
         else:
             # A main commit is not a release: its own sha tag and the moving `main` only.
             immutable, moving = [f"sha-{sha}"], ["main"]

@@ -240,12 +240,12 @@ def test_manifest_lists_packages_versions_labels_and_digest(image_ref, image, tm
 
 
 @pytest.mark.parametrize(("event", "ref", "immutable", "moving"), [
-    ("push", "refs/tags/v1.2.0", ["{tag}", "sha-abc"], ["2.6", "latest"]),
+    ("push", "refs/tags/v1.2.0", ["{tag}"], ["2.6", "latest"]),
     ("push", "refs/heads/main", ["sha-abc"], ["main"]),
     ("schedule", "refs/heads/main", ["{tag}-20261207"], ["2.6", "latest"]),
 ])
 def test_release_workflow_tags_follow_the_event(event, ref, immutable, moving):
-    """A release tag publishes the descriptive tag, main only sha-, the weekly rebuild a dated one."""
+    """A release promotes main's build to the descriptive tag; main pushes sha-; weekly a dated tag."""
     tag = subprocess.run(["python3", "scripts/versions.py", "tag"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout.strip()
     out = subprocess.run(
@@ -284,7 +284,8 @@ def test_verify_checks_every_tag_the_digest_and_the_expected_labels(local_regist
 
 def test_preflight_refuses_an_existing_immutable_tag_before_any_build(local_registry, worktree,
                                                                        tiny_image, tmp_path):
-    """push.py preflight without a local image should refuse an immutable tag that exists."""
+    """push.py preflight (no local image) should refuse an existing immutable tag unless it
+    already names the digest to be tagged, or FORCE=1."""
     tag = new_tag()
     tiny_image(tag, git(worktree, "rev-parse", "--short=12", "HEAD"))
     assert push(local_registry, worktree, tag, tmp_path).returncode == 0, "push failed"
@@ -297,6 +298,10 @@ def test_preflight_refuses_an_existing_immutable_tag_before_any_build(local_regi
     assert forced.returncode == 0, f"preflight ignored FORCE=1:\n{forced.stderr}"
     fresh = push_script(*common, "--tag", new_tag())
     assert fresh.returncode == 0, f"preflight refused a new tag:\n{fresh.stderr}"
+    same = push_script(*common, "--tag", tag, "--digest", registry_digest(local_registry, tag))
+    assert same.returncode == 0, f"preflight refused re-tagging the same digest:\n{same.stderr}"
+    other = push_script(*common, "--tag", tag, "--digest", "sha256:" + "1" * 64)
+    assert other.returncode != 0, f"preflight let {tag} move to another digest:\n{other.stderr}"
 
 
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
@@ -356,6 +361,11 @@ def test_release_workflow_signs_scans_attests_and_rebuilds_weekly():
     runs = "\n".join(s.get("run", "") for s in steps)
     assert "cosign sign" in runs and "cosign verify" in runs, "no keyless sign + verify"
     assert wf["jobs"]["publish"]["permissions"].get("id-token") == "write", "keyless needs id-token"
+    promote = wf["jobs"]["promote"]["steps"]
+    assert not any("build-push-action" in st.get("uses", "") for st in promote), \
+        "a release must promote main's digest, not rebuild"
+    assert "cosign verify" in "\n".join(st.get("run", "") for st in promote), \
+        "promotion does not check main's signature"
 
 
 def test_dependabot_watches_docker_actions_and_pip():
