@@ -1,6 +1,7 @@
 """AMP as the PyTorch recipe prescribes: autocast places each op, GradScaler guards fp16 steps.
 
-fp16 + GradScaler runs on CPU too (torch >= 2.3), so a CPU-only CI still proves the step logic."""
+fp16 autocast + GradScaler also run on CPU (torch.amp.GradScaler("cpu")), so a CPU-only CI still
+proves the step logic; bf16 is the CPU default for the dtype-placement tests."""
 import ast
 import pathlib
 
