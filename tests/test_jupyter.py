@@ -270,3 +270,12 @@ def test_lab_does_not_phone_home_for_news(start_jupyter):
     defaults = {k: props[k]["default"] for k in ("fetchNews", "checkForUpdates")}
     assert defaults == {"fetchNews": "false", "checkForUpdates": False}, \
         f"news and update checks should be off by default: {defaults}"
+
+
+def test_generated_token_survives_a_restart_of_the_same_container(start_jupyter):
+    """Container should keep its generated token across `docker restart`, so open tabs keep working."""
+    c, _, token = start_jupyter()
+    c.restart(timeout=10)
+    logs = wait_for_log(c, r"(?s)==> READY.*==> READY", 120)
+    tokens = re.findall(r"/lab\?token=([0-9a-f]+)", logs)
+    assert tokens == [token, token], f"the restarted container should reuse its token: {tokens}"

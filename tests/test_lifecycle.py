@@ -217,3 +217,11 @@ def test_gpu_checks_name_the_problem_and_the_fix(run_in_image, tmp_path, gpu, wa
         assert not warns, f"a supported GPU should give no WARN: {warns}"
     else:
         assert any(re.search(warn, w) for w in warns), f"expected a WARN matching {warn!r}:\n{out}"
+
+
+def test_arbitrary_user_flag_still_serves_jupyter(start_container):
+    """Container should still start JupyterLab under `docker run --user <uid>` (no passwd entry)."""
+    c = start_container(user="4321:4321")
+    logs = wait_for_log(c, READY)
+    _, out = c.exec_run(["ps", "-o", "uid=", "-C", "jupyter-lab"])
+    assert out.split() == [b"4321"], f"Jupyter should run as the --user UID: {out!r}\n{logs}"

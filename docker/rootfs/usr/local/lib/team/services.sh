@@ -44,10 +44,19 @@ if [ "${SSHD_ENABLED:-0}" = 1 ]; then
   sshd_pid=$!
 fi
 
+if [ "$(id -u)" = 0 ]; then
+  run_as=$NB_USER home=$(getent passwd "$NB_USER" | cut -d: -f6)
+else
+  # Started with --user: that UID may have no passwd entry and no writable home.
+  run_as=$(id -un 2>/dev/null || id -u) home=${HOME:-/}
+  if [ ! -w "$home" ]; then
+    home=$(mktemp -d "/tmp/home-$(id -u).XXXXXX")
+    log_warn "UID $(id -u) (from --user) has no writable home: using $home, lost with the container. Fix: drop --user and set HOST_UID/HOST_GID instead"
+  fi
+fi
 # Jupyter gets neither the root environment's extras nor the ready URL (it holds the token).
-jupyter_cmd=(env -u TEAM_JUPYTER_URL -u SSHD_ENABLED HOME="$(getent passwd "$NB_USER" | cut -d: -f6)"
-             USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash
-             jupyter lab --config="$TEAM_JUPYTER_CONFIG")
+jupyter_cmd=(env -u TEAM_JUPYTER_URL -u SSHD_ENABLED HOME="$home" USER="$run_as" LOGNAME="$run_as"
+             SHELL=/bin/bash jupyter lab --config="$TEAM_JUPYTER_CONFIG")
 cd /workspace || exit 1
 if [ "$(id -u)" = 0 ]; then
   setpriv --reuid="$NB_USER" --regid="$NB_USER" --init-groups "${jupyter_cmd[@]}" &

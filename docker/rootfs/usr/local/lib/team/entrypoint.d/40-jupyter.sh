@@ -7,7 +7,10 @@
 [ $# -eq 0 ] || return 0
 
 _jupyter_step() {
-  local port=${JUPYTER_PORT:-8888} token="" hash="" kind dir=/run/team/jupyter
+  local port=${JUPYTER_PORT:-8888} token="" hash="" kind dir=/run/team/jupyter owner
+  # The config dir is 0700 and its files 0600, owned by the user Jupyter runs as.
+  owner=$(id -u "$NB_USER"):$(id -g "$NB_USER")
+  [ "$(id -u)" = 0 ] || { dir=${TMPDIR:-/tmp}/team-jupyter-$(id -u); owner=$(id -u):$(id -g); }
   case "$port" in
     ''|*[!0-9]*) log_error "JUPYTER_PORT='$port' is not a port number. Fix: -e JUPYTER_PORT=8888"; exit 64 ;;
   esac
@@ -41,7 +44,14 @@ _jupyter_step() {
   elif [ -n "${JUPYTER_TOKEN+set}" ]; then
     token=$JUPYTER_TOKEN; kind=token
   else
-    token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n'); kind=generated
+    kind=generated
+    # Kept for this container's next start (docker restart, --restart after a crash), so open
+    # browser tabs keep working; a new container gets a new token.
+    if [ -s "$dir/generated_token" ]; then
+      token=$(< "$dir/generated_token")
+    else
+      token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
+    fi
   fi
 
   if [ "$kind" = token ] && [ -z "$token" ]; then
@@ -53,11 +63,8 @@ _jupyter_step() {
     log_warn "JUPYTER_ALLOW_INSECURE=1 and an empty token: JupyterLab has NO AUTHENTICATION. Anyone who can reach port $port can run any code as $NB_USER. Publish it on 127.0.0.1 only (-p 127.0.0.1:$port:$port)."
   fi
 
-  # /run/team/jupyter: 0700 and the file 0600, owned by the user Jupyter runs as.
-  local owner
-  owner=$(id -u "$NB_USER"):$(id -g "$NB_USER")
-  [ "$(id -u)" = 0 ] || { dir=${TMPDIR:-/tmp}/team-jupyter-$(id -u); owner=$(id -u):$(id -g); }
   install -d -m 0700 "$dir"
+  if [ "$kind" = generated ]; then (umask 077 && printf '%s\n' "$token" > "$dir/generated_token"); fi
   (umask 077 && JT="$token" JH="$hash" JP="$port" python3 -I -S -c '
 import json, os, sys
 cfg = {
