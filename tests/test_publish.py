@@ -23,8 +23,10 @@ NAME = "team-dl-pushtest"
 BASE = "team-cuda-standin:12.4.1-bookworm"
 ACCEPT = ("application/vnd.docker.distribution.manifest.v2+json, "
           "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json")
-# Make variables that `make test` exports would leak into the nested make runs.
-LEAKY = ("BASE_IMAGE", "PYTHON_VERSION", "IMAGE", "TAG", "REGISTRY", "FORCE", "ROW", "MOVING_TAGS")
+# What `make test` passes down (its command line travels in MAKEFLAGS, some variables are
+# exported) would leak into the nested make runs.
+LEAKY = ("BASE_IMAGE", "PYTHON_VERSION", "IMAGE", "TAG", "REGISTRY", "FORCE", "ROW", "MOVING_TAGS",
+         "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
 
 
 def make(*args):
