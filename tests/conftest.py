@@ -5,8 +5,9 @@ import pathlib
 import re
 import time
 
-import docker
 import pytest
+
+import docker
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"

@@ -3,13 +3,13 @@ torch, no secrets in any layer, torch.compile works. Each test uses fresh contai
 import io
 import json
 import os
+import pathlib
 import re
 import subprocess
 import tarfile
 import zipfile
 
 import pytest
-
 from conftest import ROOT
 
 VERSIONS = json.loads((ROOT / "versions.json").read_text())
@@ -109,11 +109,12 @@ def test_pip_cannot_replace_torch(run_in_image, tmp_path, requirement):
 def test_image_contains_no_ssh_host_keys(run_in_image):
     """Image should hold no SSH host keys: they are made at first start, unique per container."""
     code, out = run_in_image(["bash", "-c", "ls /etc/ssh/ | grep -c ssh_host_ || true"], entrypoint=[])
+    assert code == 0, out
     assert out.strip() == "0", f"host keys baked into the image:\n{out}"
 
 
 def _pem_blocks(text):
-    return set(re.findall(r"-----BEGIN CERTIFICATE-----\n(.*?)-----END CERTIFICATE-----", text, re.S))
+    return set(re.findall(r"-----BEGIN CERTIFICATE-----\n(.*?)-----END CERTIFICATE-----", text, re.DOTALL))
 
 
 def test_build_ca_bundle_is_in_no_layer_or_history(docker_client, image, image_ref, run_in_image):
@@ -121,7 +122,7 @@ def test_build_ca_bundle_is_in_no_layer_or_history(docker_client, image, image_r
     bundle = os.environ.get("CA_BUNDLE")
     if not bundle:
         pytest.skip("CA_BUNDLE was not given to this build (no proxy CA to look for)")
-    host = _pem_blocks(open(bundle).read())
+    host = _pem_blocks(pathlib.Path(bundle).read_text())
     code, out = run_in_image(["bash", "-c", "cat /etc/ssl/certs/ca-certificates.crt $(python -c 'import certifi; print(certifi.where())')"])
     assert code == 0, out
     # Certificates only the build's bundle has (e.g. a TLS-inspecting proxy's CA): their text
@@ -211,6 +212,6 @@ def test_build_fails_when_contents_differ_from_the_tag(tmp_path):
            "--build-arg", "CUDNN=8.9", str(ROOT)]
     if os.environ.get("CA_BUNDLE"):
         cmd[2:2] = ["--secret", f"id=ca_bundle,src={os.environ['CA_BUNDLE']}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": "1"}, timeout=1800)
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": "1"}, timeout=1800)
     assert r.returncode != 0, "the build accepted CUDNN=8.9 for an image holding cuDNN 9"
     assert "cudnn is 9.1" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]

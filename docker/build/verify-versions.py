@@ -18,7 +18,7 @@ def lib_copies(stem):
     for top in ("/usr", "/opt", "/lib", "/lib64", "/usr/local"):
         for dirpath, _dirs, files in os.walk(top):
             found += [os.path.join(dirpath, f) for f in files if f.startswith(stem + ".so")]
-    return sorted(set(os.path.realpath(p) for p in found))
+    return sorted({os.path.realpath(p) for p in found})
 
 
 def main():
@@ -41,7 +41,7 @@ def main():
         "cuda": torch.version.cuda,
         "cudnn": f"{cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}",
         "nccl": ".".join(map(str, nccl)),
-        "python": "%d.%d.%d" % sys.version_info[:3],
+        "python": ".".join(map(str, sys.version_info[:3])),
         "base_cuda": os.environ.get("CUDA_VERSION", ""),
         # The kernels compiled into the wheel (get_arch_list() is empty without a GPU): the
         # entrypoint compares the GPU's compute capability against this without importing torch.

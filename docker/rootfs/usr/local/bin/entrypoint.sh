@@ -2,7 +2,7 @@
 # Container entrypoint, under tini (PID 1): run the numbered setup steps, then the user's hooks,
 # then either the given command (as the non-root user) or the services (sshd + JupyterLab).
 set -euo pipefail
-# shellcheck source=../lib/team/log.sh
+# shellcheck source=SCRIPTDIR/../lib/team/log.sh
 source /usr/local/lib/team/log.sh
 
 # Setup steps: small scripts, one concern each, sourced in order so they can set variables
