@@ -170,3 +170,48 @@ def test_devcontainer_json_is_valid_and_opens_the_workspace_as_dev():
     assert config["hostRequirements"]["gpu"] in (True, "optional"), "no GPU request"
     assert "--shm-size=8g" in config["runArgs"], f"no shm size in {config['runArgs']}"
     assert config["overrideCommand"] is False, "the tooling would replace the entrypoint's services"
+
+
+def devcontainer_cli():
+    """The Dev Containers CLI (npm @devcontainers/cli): $DEVCONTAINER, .venv-test/npm, PATH."""
+    import shutil
+
+    for candidate in (os.environ.get("DEVCONTAINER"),
+                      str(ROOT / ".venv-test" / "npm" / "node_modules" / ".bin" / "devcontainer"),
+                      shutil.which("devcontainer")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail("no Dev Containers CLI: npm install --prefix .venv-test/npm @devcontainers/cli")
+
+
+def test_devcontainer_up_opens_the_workspace_as_dev_with_services(tmp_path, image_ref,
+                                                                   docker_client):
+    """`devcontainer up` should start the image's entrypoint and open /workspace as dev."""
+    workspace = tmp_path / "project"
+    (workspace / ".devcontainer").mkdir(parents=True)
+    config = load_jsonc(DEVCONTAINER)
+    config["image"] = image_ref  # the name itself is checked against versions.json above
+    (workspace / ".devcontainer" / "devcontainer.json").write_text(json.dumps(config))
+    if os.geteuid() == 0:
+        os.chown(workspace, HOST_UID, HOST_UID)
+    cli = [devcontainer_cli(), "--workspace-folder", str(workspace), "--docker-path", "docker"]
+    label = f"devcontainer.local_folder={workspace}"
+    try:
+        up = subprocess.run([cli[0], "up", *cli[1:]], capture_output=True, text=True,
+                            check=False, timeout=300)
+        assert up.returncode == 0 and '"outcome":"success"' in up.stdout, \
+            f"devcontainer up failed:\n{up.stdout}\n{up.stderr}"
+        run = subprocess.run(
+            [cli[0], "exec", *cli[1:], "sh", "-c",
+             "id -un; id -u; pwd; touch by-dev; ps -o args= -p 1; pgrep -u dev -f jupyter-lab"],
+            capture_output=True, text=True, check=False, timeout=120)
+        assert run.returncode == 0, f"devcontainer exec failed:\n{run.stdout}\n{run.stderr}"
+        user, uid, cwd, pid1, jupyter = run.stdout.strip().splitlines()[:5]
+        assert (user, int(uid), cwd) == ("dev", HOST_UID, "/workspace"), \
+            f"opened as {user}/{uid} in {cwd}, not dev/{HOST_UID} in /workspace"
+        assert pid1.startswith("/usr/bin/tini"), f"PID 1 is {pid1!r}: the entrypoint was replaced"
+        assert jupyter.strip().isdigit(), "JupyterLab is not running as dev"
+        assert (workspace / "by-dev").stat().st_uid == HOST_UID, "files in /workspace not the host user's"
+    finally:
+        for c in docker_client.containers.list(all=True, filters={"label": label}):
+            c.remove(force=True, v=True)
