@@ -6,7 +6,7 @@ set -uo pipefail
 source /usr/local/lib/team/log.sh
 
 state=/run/team
-jupyter_pid="" sshd_pid="" stopping=""
+jupyter_pid="" sshd_pid=""
 
 # stop_all: SIGTERM both (tini -g has usually sent it already), then SIGKILL what is left after
 # 8 s, inside Docker's default 10 s stop timeout.
@@ -23,7 +23,6 @@ stop_all() {
 
 # shellcheck disable=SC2329  # invoked by the traps below
 on_signal() {
-  stopping=1
   log_info "Received $1: stopping JupyterLab${sshd_pid:+ and sshd}"
   stop_all
   log_info "Stopped cleanly"
@@ -34,11 +33,8 @@ trap 'on_signal SIGINT' INT
 
 mkdir -p "$state" 2>/dev/null || state=""
 
+# The SSH step (30-ssh.sh) enables sshd only with a key and when we run as root.
 if [ "${SSHD_ENABLED:-0}" = 1 ]; then
-  if [ "$(id -u)" != 0 ]; then
-    log_error "sshd needs root, but the container runs as UID $(id -u). Fix: drop --user (the entrypoint maps the user itself: HOST_UID/HOST_GID)"
-    exit 1
-  fi
   install -d -m 0755 /run/sshd   # privilege separation directory, lost with /run
   /usr/sbin/sshd -D -e &
   sshd_pid=$!
@@ -46,7 +42,9 @@ fi
 
 if [ "$(id -u)" = 0 ]; then
   run_as=$NB_USER home=$(getent passwd "$NB_USER" | cut -d: -f6)
+  as_user=(setpriv --reuid="$NB_USER" --regid="$NB_USER" --init-groups)
 else
+  as_user=()
   # Started with --user: that UID may have no passwd entry and no writable home.
   run_as=$(id -un 2>/dev/null || id -u) home=${HOME:-/}
   if [ ! -w "$home" ]; then
@@ -54,15 +52,10 @@ else
     log_warn "UID $(id -u) (from --user) has no writable home: using $home, lost with the container. Fix: drop --user and set HOST_UID/HOST_GID instead"
   fi
 fi
-# Jupyter gets neither the root environment's extras nor the ready URL (it holds the token).
-jupyter_cmd=(env -u TEAM_JUPYTER_URL -u SSHD_ENABLED HOME="$home" USER="$run_as" LOGNAME="$run_as"
-             SHELL=/bin/bash jupyter lab --config="$TEAM_JUPYTER_CONFIG")
 cd /workspace || exit 1
-if [ "$(id -u)" = 0 ]; then
-  setpriv --reuid="$NB_USER" --regid="$NB_USER" --init-groups "${jupyter_cmd[@]}" &
-else
-  "${jupyter_cmd[@]}" &
-fi
+# Jupyter gets neither the root environment's extras nor the ready URL (it holds the token).
+"${as_user[@]}" env -u TEAM_JUPYTER_URL -u SSHD_ENABLED HOME="$home" USER="$run_as" LOGNAME="$run_as" \
+  SHELL=/bin/bash jupyter lab --config="$TEAM_JUPYTER_CONFIG" &
 jupyter_pid=$!
 
 if [ -n "$state" ]; then
@@ -74,8 +67,8 @@ fi
 ready_deadline=$((SECONDS + 300))
 while kill -0 "$jupyter_pid" 2>/dev/null && [ "$SECONDS" -lt "$ready_deadline" ]; do
   if curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$JUPYTER_PORT/api" 2>/dev/null; then
-    if [ -n "$sshd_pid" ]; then ssh_note="SSH on (port 22, user $NB_USER)"
-    else ssh_note="SSH off (no key: set PUBLIC_KEY)"; fi
+    if [ -n "$sshd_pid" ]; then ssh_note="SSH on: ssh -p <host port of 22> $NB_USER@<host>"
+    else ssh_note="SSH off"; fi
     log_info "==> READY  JupyterLab: $TEAM_JUPYTER_URL  |  $ssh_note"
     break
   fi
@@ -86,7 +79,6 @@ done
 # shellcheck disable=SC2086  # $sshd_pid is empty or one PID
 wait -n -p died "$jupyter_pid" $sshd_pid
 rc=$?
-[ -z "$stopping" ] || exit 0
 if [ "${died:-}" = "$sshd_pid" ] && [ -n "$sshd_pid" ]; then
   name=sshd; other="JupyterLab"
 else
