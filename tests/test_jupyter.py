@@ -29,10 +29,11 @@ def run_in_kernel(base, token, code, timeout=180):
     r = requests.post(f"{base}/api/kernels", headers={"Authorization": f"token {token}"},
                       json={"name": "python3"}, timeout=TIMEOUT)
     assert r.status_code == 201, f"starting a kernel should give 201, got {r.status_code}: {r.text}"
-    ws = websocket.create_connection(ws_url(base, f"/api/kernels/{r.json()['id']}/channels", token),
-                                     timeout=timeout)
+    msg_id, session = uuid.uuid4().hex, uuid.uuid4().hex
+    # session_id as JupyterLab sends it (Jupyter warns without one).
+    ws = websocket.create_connection(ws_url(base, f"/api/kernels/{r.json()['id']}/channels", token)
+                                     + f"&session_id={session}", timeout=timeout)
     try:
-        msg_id, session = uuid.uuid4().hex, uuid.uuid4().hex
         ws.send(json.dumps({
             "header": {"msg_id": msg_id, "session": session, "username": "test", "date": "",
                        "msg_type": "execute_request", "version": "5.3"},
@@ -178,10 +179,13 @@ def test_insecure_flag_allows_empty_token_and_says_so_loudly(start_jupyter):
 
 
 def test_kernel_runs_code_and_sees_torch(start_jupyter):
-    """Container should run code in a kernel over the REST + websocket API, with torch importable."""
-    _, base, token = start_jupyter()
+    """Container should run code in a kernel over the REST + websocket API, with torch importable,
+    and Jupyter should log no warning or error doing so."""
+    c, base, token = start_jupyter()
     out = run_in_kernel(base, token, "import torch; print('torch', torch.__version__, 2 + 2)")
     assert re.search(r"torch 2\.6\.\d\S* 4", out), f"the kernel should import torch 2.6, got {out!r}"
+    issues = re.findall(r"^\[[WEC] .*", c.logs().decode(errors="replace"), re.MULTILINE)
+    assert not issues, f"Jupyter should not warn while serving a kernel: {issues}"
 
 
 def test_files_made_via_jupyter_on_a_bind_mount_belong_to_the_host_user(start_jupyter, tmp_path):

@@ -73,6 +73,9 @@ cfg = {
         "port_retries": 0,            # a busy port is an error, not a silent move to another one
         "open_browser": False, "allow_root": False, "root_dir": "/workspace",
         "terminado_settings": {"shell_command": ["/bin/bash", "-l"]},
+        # jupyter_server pairs a 30 s ping with a 90 s timeout, which tornado >= 6.5 cuts to 30 s
+        # with a WARN on every websocket: ask for the 30 s it ends up with anyway.
+        "tornado_settings": {"ws_ping_timeout": 30000},
     },
     "IdentityProvider": {"token": os.environ["JT"]},
 }
