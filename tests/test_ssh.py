@@ -279,7 +279,7 @@ def test_ssh_off_without_key_and_jupyter_still_runs(start_container):
     info = [line for line in logs.splitlines() if line.startswith("INFO") and "SSH is off" in line]
     assert info and HOW_TO_ENABLE in info[0], f"one INFO line should say how to enable SSH:\n{logs}"
     assert not ssh_lines(logs), f"no key is a normal start: no SSH WARN/ERROR expected:\n{logs}"
-    _, out = exec_in(c, "cat /run/team/sshd-enabled; pgrep -x sshd || echo no-sshd; ls /etc/ssh")
+    _, out = exec_in(c, ". /run/team/services.env; echo ${SSHD_ENABLED:-0}; pgrep -x sshd || echo no-sshd; ls /etc/ssh")
     assert out.split("\n")[:2] == ["0", "no-sshd"], f"sshd should be off and marked so: {out!r}"
     assert "ssh_host_" not in out, f"no host keys are needed without sshd: {out!r}"
 
@@ -289,7 +289,7 @@ def test_ssh_can_be_switched_off_with_sshd_enabled_0(start_container, key):
     c = start_container(environment={"PUBLIC_KEY": key.public, "SSHD_ENABLED": "0"})
     wait_until(lambda: exec_in(c, "curl -fsS -o /dev/null http://127.0.0.1:8888/api")[0] == 0, 120,
                f"JupyterLab should run with SSH switched off:\n{c.logs().decode()}")
-    _, out = exec_in(c, "cat /run/team/sshd-enabled; pgrep -x sshd || echo no-sshd")
+    _, out = exec_in(c, ". /run/team/services.env; echo ${SSHD_ENABLED:-0}; pgrep -x sshd || echo no-sshd")
     assert out.split() == ["0", "no-sshd"], f"sshd should be off and marked so: {out!r}"
     assert "SSH is off (SSHD_ENABLED=0)" in c.logs().decode(), "the log should say why SSH is off"
 

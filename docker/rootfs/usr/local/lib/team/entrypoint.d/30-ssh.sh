@@ -4,7 +4,6 @@
 
 # Keys mounted here (read-only is fine) are merged into the user's authorized_keys.
 _SSH_MOUNTED_KEYS=/etc/team/authorized_keys
-_SSH_STATE=/run/team/sshd-enabled   # "1" or "0": read by the healthcheck and services.sh
 # shellcheck disable=SC2016  # printed for the user to paste, not expanded here
 _SSH_HOW='-e PUBLIC_KEY="$(cat ~/.ssh/id_ed25519.pub)"'
 _SSH_NEW=()         # validated key lines not yet in authorized_keys
@@ -179,8 +178,5 @@ fi
 export SSHD_ENABLED
 # The key has been installed; later steps, Jupyter and user commands do not need to see it.
 unset PUBLIC_KEY
-if install -d -m 755 /run/team 2>/dev/null; then
-  printf '%s\n' "$SSHD_ENABLED" >"$_SSH_STATE"
-fi
 unset -f _ssh_die _ssh_die_hostdir _ssh_fingerprint _ssh_add _ssh_host_keys _ssh_main
-unset _SSH_MOUNTED_KEYS _SSH_STATE _SSH_HOW _SSH_NEW _SSH_FPS
+unset _SSH_MOUNTED_KEYS _SSH_HOW _SSH_NEW _SSH_FPS
