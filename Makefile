@@ -30,7 +30,7 @@ CREATED     := $(shell git log -1 --format=%cI 2>/dev/null || echo unknown)
 TEST_VENV   := .venv-test
 GPU_FLAGS   = $(shell $(DOCKER) info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo --gpus all)
 
-.PHONY: help build run shell test smoke lint clean base-standin test-deps
+.PHONY: help build run shell test smoke lint clean base-standin test-deps bench
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  \033[36m%-14s\033[0m %s\n",$$1,$$2}' $(MAKEFILE_LIST)
@@ -89,6 +89,9 @@ lint: test-deps ## hadolint, shellcheck, ruff, actionlint, compose/dependabot sc
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.dependabot .github/dependabot.yml
+
+bench: build test-deps ## Start-up benchmark: docker run -> Jupyter, -> SSH login, docker stop
+	$(TEST_VENV)/bin/python scripts/bench_startup.py --image $(REF) --runs 5
 
 base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped hosts, CI)
 	scripts/make-standin-base.sh
