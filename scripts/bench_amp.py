@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""bench_amp.py: the AMP performance matrix of issue 5 on one GPU, in one process.
+ResNet-50 (default), batch 256, synthetic data on the GPU: strict FP32 / TF32 / AMP fp16 /
+AMP bf16, each with and without channels_last and torch.compile; then train_amp.py's default
+flags, and an ImageFolder of JPEGs (input pipeline vs GPU). Prints markdown, writes JSON.
+
+    python scripts/bench_amp.py --out /tmp/bench_amp.json
+
+Everything runs through train_amp.py's own benchmark()/train() so the figures are the tool's.
+A time budget (default 450 s) skips what would not fit and says so; --only reruns a subset."""
+import argparse
+import json
+import multiprocessing
+import os
+import pathlib
+import random
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+# train_amp.py lives at the repository root (and at /usr/local/bin in the image).
+for p in (HERE.parent, pathlib.Path("/usr/local/bin")):
+    if (p / "train_amp.py").is_file():
+        sys.path.insert(0, str(p))
+        break
+import torch
+
+import train_amp
+
+PRECISIONS = {  # name -> (--amp, --tf32)
+    "fp32-strict": ("off", False),
+    "tf32": ("off", True),
+    "amp-fp16": ("fp16", False),
+    "amp-bf16": ("bf16", False),
+}
+# Rough cost of one configuration on an H200, to decide what fits in the budget.
+EST_EAGER_S, EST_COMPILE_S = 15, 75
+
+
+def bench_args(model, batch, image_size, extra):
+    return train_amp.build_parser().parse_args(
+        ["--benchmark", "--model", model, "--batch-size", str(batch), "--image-size",
+         str(image_size), *extra])
+
+
+def run_config(args):
+    """One benchmark() in this process, cleaned up so the next starts from a fresh state."""
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    try:
+        return train_amp.benchmark(args, torch.device("cuda", 0))
+    except torch.cuda.OutOfMemoryError as e:
+        return {"error": f"out of memory: {str(e).splitlines()[0][:200]}"}
+    except Exception as e:  # noqa: BLE001 - one failing config must not lose the others
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    finally:
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+
+
+def make_jpeg(job):
+    """One ImageNet-like JPEG (about 500x375, smooth colour field plus texture)."""
+    import numpy as np
+    from PIL import Image
+    path, seed = job
+    rng = np.random.default_rng(seed)
+    h, w = int(rng.integers(300, 450)), int(rng.integers(400, 600))
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.stack([np.sin(xx / rng.uniform(8, 60) + rng.uniform(0, 6)) * 60
+                    + np.cos(yy / rng.uniform(8, 60)) * 60 + rng.uniform(60, 190)
+                    for _ in range(3)], -1)
+    img += rng.normal(0, 12, img.shape)
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(path, quality=90)
+
+
+def make_imagefolder(root, n_images, n_classes=10):
+    root = pathlib.Path(root)
+    jobs = []
+    for i in range(n_images):
+        d = root / f"class{i % n_classes:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        jobs.append((str(d / f"{i:05d}.jpg"), i))
+    with multiprocessing.Pool(os.cpu_count()) as pool:
+        pool.map(make_jpeg, jobs, chunksize=32)
+    return sum(f.stat().st_size for f in root.rglob("*.jpg"))
+
+
+def loader_only_ips(folder, batch, image_size, workers, batches=12, warm=3):
+    """Images/s of the DataLoader alone (decode + augment + collate, no GPU work)."""
+    data = train_amp.ImageFolderData(folder, image_size)
+    loader = torch.utils.data.DataLoader(data.train, batch_size=batch, shuffle=True,
+                                         num_workers=workers, pin_memory=True, drop_last=True,
+                                         prefetch_factor=4, persistent_workers=False)
+    it = iter(loader)
+    for _ in range(warm):
+        next(it)
+    t0 = time.perf_counter()
+    n = 0
+    for _ in range(batches):
+        try:
+            x, _ = next(it)
+        except StopIteration:
+            break
+        n += len(x)
+    return n / (time.perf_counter() - t0)
+
+
+def fmt(v, spec, none="n/a"):
+    return none if v is None else format(v, spec)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--steps", type=int, default=25, help="timed steps per configuration")
+    p.add_argument("--warmup-steps", type=int, default=8,
+                   help="untimed steps (cudnn autotuning; compilation happens in the first)")
+    p.add_argument("--budget-s", type=float, default=450,
+                   help="skip what would end after this many seconds (default 450)")
+    p.add_argument("--only", default="",
+                   help="comma list of parts: matrix-eager, defaults, jpeg, matrix-compile")
+    p.add_argument("--jpeg-images", type=int, default=4096)
+    p.add_argument("--jpeg-dir", default="/tmp/bench_amp_jpegs")
+    p.add_argument("--out", default="bench_amp.json")
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_amp.py needs a CUDA GPU (for CPU, see tests/test_train_amp.py)")
+    parts = set(a.only.split(",")) if a.only else {"matrix-eager", "defaults", "jpeg",
+                                                  "matrix-compile"}
+    t_start = time.perf_counter()
+    out = pathlib.Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "cudnn": torch.backends.cudnn.version(), "model": a.model,
+              "batch_size": a.batch_size, "image_size": a.image_size, "steps": a.steps,
+              "matrix": [], "defaults": None, "jpeg": None, "skipped": []}
+
+    def save():
+        report["elapsed_s"] = time.perf_counter() - t_start
+        out.write_text(json.dumps(report, indent=2))
+
+    def fits(cost):
+        return time.perf_counter() - t_start + cost <= a.budget_s
+
+    common = ["--steps", str(a.steps), "--warmup-steps", str(a.warmup_steps)]
+    configs = []
+    for compile_ in (False, True):
+        part = "matrix-compile" if compile_ else "matrix-eager"
+        if part not in parts:
+            continue
+        # With compile, channels_last first: it is the layout Inductor prefers for convs.
+        for cl in ((True, False) if compile_ else (False, True)):
+            for name, (amp, tf32) in (reversed(PRECISIONS.items()) if compile_
+                                      else PRECISIONS.items()):
+                configs.append((name, amp, tf32, cl, compile_))
+    print(f"# bench_amp: {a.model} batch {a.batch_size} on {report['gpu']}, torch"
+          f" {torch.__version__}", flush=True)
+
+    def matrix_row(name, amp, tf32, cl, compile_):
+        extra = [*common, "--amp", amp, "--channels-last", "on" if cl else "off"]
+        extra += ["--tf32"] if tf32 else []
+        extra += ["--compile"] if compile_ else []
+        r = run_config(bench_args(a.model, a.batch_size, a.image_size, extra))
+        r.update({"precision": name, "channels_last": cl, "compile": compile_})
+        report["matrix"].append(r)
+        save()
+        status = (f"{r['images_per_s']:8.0f} img/s  {r['peak_mem_gib']:6.2f} GiB"
+                  f"  (warm-up {r['warmup_s']:.0f} s)" if "error" not in r else r["error"])
+        print(f"  {name:12s} channels_last={cl!s:5} compile={compile_!s:5} {status}",
+              flush=True)
+
+    eager = [c for c in configs if not c[4]]
+    compiled = [c for c in configs if c[4]]
+    for c in eager:
+        if fits(EST_EAGER_S):
+            matrix_row(*c)
+        else:
+            report["skipped"].append(f"{c}: time budget")
+
+    if "defaults" in parts and fits(EST_EAGER_S):
+        # Exactly what a user gets with no precision/layout flags: --amp auto, channels_last auto.
+        r = run_config(bench_args(a.model, a.batch_size, a.image_size, common))
+        report["defaults"] = r
+        save()
+        print(f"  train_amp.py defaults -> amp={r.get('amp')} channels_last="
+              f"{r.get('channels_last')} cudnn.benchmark={r.get('cudnn_benchmark')}:"
+              f" {fmt(r.get('images_per_s'), '.0f')} img/s", flush=True)
+
+    if "jpeg" in parts and fits(90):
+        report["jpeg"] = bench_jpeg(a)
+        save()
+
+    for c in compiled:
+        if fits(EST_COMPILE_S):
+            matrix_row(*c)
+        else:
+            report["skipped"].append(f"{c}: time budget")
+            print(f"  skipped {c}: time budget", flush=True)
+    save()
+    print_report(report)
+    save()
+
+
+def bench_jpeg(a):
+    """End-to-end training on JPEGs vs the loader alone vs the GPU alone: which one limits."""
+    folder = pathlib.Path(a.jpeg_dir)
+    t0 = time.perf_counter()
+    if not any(folder.rglob("*.jpg")):
+        size = make_imagefolder(folder, a.jpeg_images)
+    else:
+        size = sum(f.stat().st_size for f in folder.rglob("*.jpg"))
+    n = sum(1 for _ in folder.rglob("*.jpg"))
+    res = {"images": n, "mean_kib": size / n / 1024, "make_s": time.perf_counter() - t0,
+           "cpus": os.cpu_count(), "runs": []}
+    print(f"  JPEG ImageFolder: {n} images, {res['mean_kib']:.0f} KiB each,"
+          f" made in {res['make_s']:.0f} s", flush=True)
+    auto_workers = min(8, os.cpu_count() or 2)
+    for workers in sorted({auto_workers, max(1, (os.cpu_count() or 2) - 1)}):
+        row = {"num_workers": workers}
+        row["loader_only_ips"] = loader_only_ips(folder, a.batch_size, a.image_size, workers)
+        args = train_amp.build_parser().parse_args(
+            ["--data", str(folder), "--model", a.model, "--batch-size", str(a.batch_size),
+             "--image-size", str(a.image_size), "--epochs", "2", "--num-workers", str(workers),
+             "--checkpoint-dir", "", "--progress", "none"])
+        train_amp.fill_defaults(args)
+        torch.cuda.empty_cache()
+        r = train_amp.train(args, train_amp.Dist(), torch.device("cuda", 0),
+                            {"flag": False, "signal": None}, label="[jpeg]")
+        row["train_ips"] = r["final"]["images_per_s"]
+        row["amp"] = r["config"]["amp"]
+        res["runs"].append(row)
+        print(f"  JPEG num_workers={workers}: loader alone {row['loader_only_ips']:.0f} img/s,"
+              f" training {fmt(row['train_ips'], '.0f')} img/s", flush=True)
+    return res
+
+
+def print_report(r):
+    rows = [m for m in r["matrix"] if "error" not in m]
+    print(f"\n## AMP benchmark: {r['model']}, batch {r['batch_size']}, {r['image_size']}px,"
+          f" synthetic data on the GPU\n")
+    print(f"GPU: {r['gpu']}; torch {r['torch']}; cuDNN {r['cudnn']}; {r['steps']} timed steps"
+          f" per row after warm-up.\n")
+    print("| precision | channels_last | torch.compile | images/s | peak memory (GiB) |"
+          " vs strict FP32, same flags: speed | memory |")
+    print("|---|---|---|---:|---:|---:|---:|")
+
+    def base(m):
+        for b in rows:
+            if (b["precision"], b["channels_last"], b["compile"]) == (
+                    "fp32-strict", m["channels_last"], m["compile"]):
+                return b
+        return None
+
+    for m in r["matrix"]:
+        if "error" in m:
+            print(f"| {m['precision']} | {m['channels_last']} | {m['compile']} | error |"
+                  f" {m['error'][:60]} | | |")
+            continue
+        b = base(m)
+        sp = f"{m['images_per_s'] / b['images_per_s']:.2f}x" if b else "n/a"
+        mem = f"{m['peak_mem_gib'] / b['peak_mem_gib']:.2f}" if b else "n/a"
+        print(f"| {m['precision']} | {'on' if m['channels_last'] else 'off'} |"
+              f" {'on' if m['compile'] else 'off'} | {m['images_per_s']:.0f} |"
+              f" {m['peak_mem_gib']:.2f} | {sp} | {mem} |")
+    for s in r["skipped"]:
+        print(f"\nskipped: {s}")
+    amp_rows = [m for m in rows if m["precision"].startswith("amp")]
+    fp32_rows = [m for m in rows if m["precision"] == "fp32-strict"]
+    if not amp_rows or not fp32_rows:
+        return
+    best = max(amp_rows, key=lambda m: m["images_per_s"])
+    best32 = max(fp32_rows, key=lambda m: m["images_per_s"])
+    b = base(best)
+    print("\n### Targets\n")
+
+    def verdict(ok):
+        return "MET" if ok else "NOT MET"
+
+    print(f"- best AMP: {best['precision']} channels_last={best['channels_last']}"
+          f" compile={best['compile']}: {best['images_per_s']:.0f} images/s (target >= 7000):"
+          f" {verdict(best['images_per_s'] >= 7000)}")
+    if b:
+        sp, mem = best["images_per_s"] / b["images_per_s"], best["peak_mem_gib"] / b[
+            "peak_mem_gib"]
+        print(f"- best AMP vs strict FP32 with the same flags: {sp:.2f}x images/s (target >= 5x:"
+              f" {verdict(sp >= 5)}), peak memory ratio {mem:.2f} (target <= 0.55:"
+              f" {verdict(mem <= 0.55)})")
+    print(f"- best AMP vs best strict FP32 ({best32['images_per_s']:.0f} images/s):"
+          f" {best['images_per_s'] / best32['images_per_s']:.2f}x")
+    plain = [m for m in rows if m["precision"].startswith("amp") and not m["compile"]
+             and not m["channels_last"]]
+    for m in plain:
+        bb = base(m)
+        if bb:
+            print(f"- {m['precision']} eager NCHW vs strict FP32 eager NCHW: peak memory ratio"
+                  f" {m['peak_mem_gib'] / bb['peak_mem_gib']:.2f}, speed"
+                  f" {m['images_per_s'] / bb['images_per_s']:.2f}x")
+    d = r.get("defaults")
+    if d and "error" not in d:
+        frac = d["images_per_s"] / best["images_per_s"]
+        print(f"- train_amp.py defaults (amp={d['amp']}, channels_last={d['channels_last']},"
+              f" cudnn.benchmark={d['cudnn_benchmark']}, compile off): {d['images_per_s']:.0f}"
+              f" images/s = {100 * frac:.0f}% of the best (target >= 90%):"
+              f" {verdict(frac >= 0.9)}")
+    j = r.get("jpeg")
+    if j:
+        gpu_ips = d["images_per_s"] if d and "error" not in d else best["images_per_s"]
+        print(f"\n### JPEG ImageFolder ({j['images']} images, {j['mean_kib']:.0f} KiB mean,"
+              f" {j['cpus']} CPUs)\n")
+        print("| num_workers | DataLoader alone (images/s) | training with --data (images/s) |"
+              " GPU alone, same flags (images/s) | bottleneck |")
+        print("|---:|---:|---:|---:|---|")
+        for row in j["runs"]:
+            limit = ("input pipeline (CPU JPEG decode)"
+                     if row["loader_only_ips"] < 0.9 * gpu_ips else "GPU")
+            print(f"| {row['num_workers']} | {row['loader_only_ips']:.0f} |"
+                  f" {fmt(row['train_ips'], '.0f')} | {gpu_ips:.0f} | {limit} |")
+
+
+if __name__ == "__main__":
+    random.seed(0)
+    main()
