@@ -113,6 +113,30 @@ def test_image_contains_no_ssh_host_keys(run_in_image):
     assert out.strip() == "0", f"host keys baked into the image:\n{out}"
 
 
+SETUID_ALLOWED = {"/usr/bin/sudo", "/usr/sbin/unix_chkpwd", "/usr/bin/ssh-agent",
+                  "/usr/lib/x86_64-linux-gnu/utempter/utempter", "/usr/lib/aarch64-linux-gnu/utempter/utempter"}
+
+
+def test_setuid_and_setgid_binaries_are_an_allow_list(run_in_image):
+    """Image should keep setuid/setgid bits only on sudo, unix_chkpwd, utempter and ssh-agent."""
+    code, out = run_in_image(["bash", "-c", "find / -xdev -perm /6000 -type f 2>/dev/null; true"],
+                             entrypoint=[], user="root")
+    assert code == 0, out
+    found = {line for line in out.splitlines() if line.startswith("/")}
+    assert found, "find listed no setuid binary at all: sudo should be one, the probe is broken"
+    assert found <= SETUID_ALLOWED, f"setuid/setgid beyond the allow-list: {sorted(found - SETUID_ALLOWED)}"
+
+
+def test_no_account_has_a_usable_password(run_in_image):
+    """Image should have no account with a password (or an empty one) in /etc/shadow."""
+    code, out = run_in_image(["cat", "/etc/shadow"], entrypoint=[], user="root")
+    assert code == 0, out
+    rows = [line.split(":") for line in out.splitlines() if line.count(":") >= 8]
+    assert any(r[0] == "dev" for r in rows), f"no dev entry, the probe is broken:\n{out}"
+    usable = [r[0] for r in rows if not (r[1].startswith(("!", "*")))]
+    assert not usable, f"accounts with a usable or empty password: {usable}"
+
+
 def _pem_blocks(text):
     return set(re.findall(r"-----BEGIN CERTIFICATE-----\n(.*?)-----END CERTIFICATE-----", text, re.DOTALL))
 
