@@ -11,7 +11,7 @@ import uuid
 
 import paramiko
 import pytest
-from conftest import host_port, wait_for_log
+from conftest import READY, host_port, wait_for_log
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -582,3 +582,20 @@ def test_ssh_files_on_bind_mount_belong_to_host_user(start_container, key, tmp_p
     assert made.stat().st_uid == owner, (
         f"file made over SSH is owned by {made.stat().st_uid}, not the host user {owner}")
     assert made.stat().st_gid == owner, f"file group is {made.stat().st_gid}, not {owner}"
+
+
+def test_only_jupyter_and_sshd_listen_beyond_loopback(start_container, key):
+    """Container should listen on 8888 and 22 only; kernels and helpers stay on loopback."""
+    c = start_with_ssh(start_container, key.public)
+    wait_for_log(c, READY, 120)
+    # A kernel opens its own ports: start one so the check covers them too.
+    rc, out = exec_in(c, "cd /tmp && timeout 60 python -c \"from jupyter_client import KernelManager as K; "
+                         "k=K(); k.start_kernel(); import time; time.sleep(3); print('kernel-up')\" & sleep 8; "
+                         "ss -Hltn", user="dev")
+    assert rc == 0, out
+    listening = {line.split()[3] for line in out.splitlines() if line.startswith("LISTEN")}
+    assert listening, f"ss listed nothing, the probe is broken:\n{out}"
+    outside = {a for a in listening if not a.startswith(("127.", "[::1]", "::1"))}
+    ports = {a.rsplit(":", 1)[1] for a in outside}
+    assert ports <= {"8888", "22"}, f"unexpected listeners beyond loopback: {sorted(outside)}"
+    assert {"8888", "22"} <= ports, f"Jupyter and sshd should listen: {sorted(listening)}"
