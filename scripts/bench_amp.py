@@ -7,8 +7,11 @@ flags, and an ImageFolder of JPEGs (input pipeline vs GPU). Prints markdown, wri
     python scripts/bench_amp.py --out /tmp/bench_amp.json
 
 Everything runs through train_amp.py's own benchmark()/train() so the figures are the tool's.
-A time budget (default 450 s) skips what would not fit and says so; --only reruns a subset."""
+A time budget (default 450 s) skips what would not fit and says so; --only reruns a subset.
+The tables also go to OUT with .md for .json; --report merges several JSON files."""
 import argparse
+import contextlib
+import io
 import json
 import multiprocessing
 import os
@@ -43,12 +46,12 @@ def bench_args(model, batch, image_size, extra):
          str(image_size), *extra])
 
 
-def run_config(args):
+def run_config(args, device):
     """One benchmark() in this process, cleaned up so the next starts from a fresh state."""
     torch._dynamo.reset()
     torch.cuda.empty_cache()
     try:
-        return train_amp.benchmark(args, torch.device("cuda", 0))
+        return train_amp.benchmark(args, device)
     except torch.cuda.OutOfMemoryError as e:
         return {"error": f"out of memory: {str(e).splitlines()[0][:200]}"}
     except Exception as e:  # noqa: BLE001 - one failing config must not lose the others
@@ -85,11 +88,11 @@ def make_imagefolder(root, n_images, n_classes=10):
     return sum(f.stat().st_size for f in root.rglob("*.jpg"))
 
 
-def loader_only_ips(folder, batch, image_size, workers, batches=12, warm=3):
+def loader_only_ips(folder, batch, image_size, workers, pin, batches=12, warm=3):
     """Images/s of the DataLoader alone (decode + augment + collate, no GPU work)."""
     data = train_amp.ImageFolderData(folder, image_size)
     loader = torch.utils.data.DataLoader(data.train, batch_size=batch, shuffle=True,
-                                         num_workers=workers, pin_memory=True, drop_last=True,
+                                         num_workers=workers, pin_memory=pin, drop_last=True,
                                          prefetch_factor=4, persistent_workers=False)
     it = iter(loader)
     for _ in range(warm):
@@ -109,6 +112,10 @@ def fmt(v, spec, none="n/a"):
     return none if v is None else format(v, spec)
 
 
+def div(a, b):
+    return a / b if a is not None and b else None
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="resnet50")
@@ -121,18 +128,39 @@ def main():
                    help="skip what would end after this many seconds (default 450)")
     p.add_argument("--only", default="",
                    help="comma list of parts: matrix-eager, defaults, jpeg, matrix-compile")
+    p.add_argument("--precisions", default=",".join(PRECISIONS),
+                   help=f"comma list of matrix precisions (default: all: {','.join(PRECISIONS)})")
     p.add_argument("--jpeg-images", type=int, default=4096)
     p.add_argument("--jpeg-dir", default="/tmp/bench_amp_jpegs")
     p.add_argument("--out", default="bench_amp.json")
+    p.add_argument("--report", nargs="+", metavar="JSON",
+                   help="no benchmarking: merge these result files (e.g. an eager and a compile"
+                        " run) and print the combined tables and targets")
+    p.add_argument("--device", default="cuda",
+                   help="cuda (default); cpu only to smoke-test this script with a tiny model")
     a = p.parse_args()
-    if not torch.cuda.is_available():
+    if a.report:
+        merged = None
+        for f in a.report:
+            r = json.loads(pathlib.Path(f).read_text())
+            if merged is None:
+                merged = r
+                continue
+            merged["matrix"] += r["matrix"]
+            merged["skipped"] += r["skipped"]
+            merged["defaults"] = merged["defaults"] or r["defaults"]
+            merged["jpeg"] = merged["jpeg"] or r["jpeg"]
+        print_report(merged)
+        return
+    if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_amp.py needs a CUDA GPU (for CPU, see tests/test_train_amp.py)")
+    a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
     parts = set(a.only.split(",")) if a.only else {"matrix-eager", "defaults", "jpeg",
                                                   "matrix-compile"}
     t_start = time.perf_counter()
     out = pathlib.Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+    report = {"gpu": train_amp.device_name(a.dev), "torch": str(torch.__version__),
               "cudnn": torch.backends.cudnn.version(), "model": a.model,
               "batch_size": a.batch_size, "image_size": a.image_size, "steps": a.steps,
               "matrix": [], "defaults": None, "jpeg": None, "skipped": []}
@@ -154,7 +182,8 @@ def main():
         for cl in ((True, False) if compile_ else (False, True)):
             for name, (amp, tf32) in (reversed(PRECISIONS.items()) if compile_
                                       else PRECISIONS.items()):
-                configs.append((name, amp, tf32, cl, compile_))
+                if name in a.precisions.split(","):
+                    configs.append((name, amp, tf32, cl, compile_))
     print(f"# bench_amp: {a.model} batch {a.batch_size} on {report['gpu']}, torch"
           f" {torch.__version__}", flush=True)
 
@@ -162,11 +191,11 @@ def main():
         extra = [*common, "--amp", amp, "--channels-last", "on" if cl else "off"]
         extra += ["--tf32"] if tf32 else []
         extra += ["--compile"] if compile_ else []
-        r = run_config(bench_args(a.model, a.batch_size, a.image_size, extra))
+        r = run_config(bench_args(a.model, a.batch_size, a.image_size, extra), a.dev)
         r.update({"precision": name, "channels_last": cl, "compile": compile_})
         report["matrix"].append(r)
         save()
-        status = (f"{r['images_per_s']:8.0f} img/s  {r['peak_mem_gib']:6.2f} GiB"
+        status = (f"{r['images_per_s']:8.0f} img/s  {fmt(r['peak_mem_gib'], '6.2f')} GiB"
                   f"  (warm-up {r['warmup_s']:.0f} s)" if "error" not in r else r["error"])
         print(f"  {name:12s} channels_last={cl!s:5} compile={compile_!s:5} {status}",
               flush=True)
@@ -181,7 +210,7 @@ def main():
 
     if "defaults" in parts and fits(EST_EAGER_S):
         # Exactly what a user gets with no precision/layout flags: --amp auto, channels_last auto.
-        r = run_config(bench_args(a.model, a.batch_size, a.image_size, common))
+        r = run_config(bench_args(a.model, a.batch_size, a.image_size, common), a.dev)
         report["defaults"] = r
         save()
         print(f"  train_amp.py defaults -> amp={r.get('amp')} channels_last="
@@ -199,7 +228,11 @@ def main():
             report["skipped"].append(f"{c}: time budget")
             print(f"  skipped {c}: time budget", flush=True)
     save()
-    print_report(report)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        print_report(report)
+    print(buf.getvalue(), end="")
+    out.with_suffix(".md").write_text(buf.getvalue())
     save()
 
 
@@ -219,14 +252,15 @@ def bench_jpeg(a):
     auto_workers = min(8, os.cpu_count() or 2)
     for workers in sorted({auto_workers, max(1, (os.cpu_count() or 2) - 1)}):
         row = {"num_workers": workers}
-        row["loader_only_ips"] = loader_only_ips(folder, a.batch_size, a.image_size, workers)
+        row["loader_only_ips"] = loader_only_ips(folder, a.batch_size, a.image_size, workers,
+                                                 a.dev.type == "cuda")
         args = train_amp.build_parser().parse_args(
             ["--data", str(folder), "--model", a.model, "--batch-size", str(a.batch_size),
              "--image-size", str(a.image_size), "--epochs", "2", "--num-workers", str(workers),
-             "--checkpoint-dir", "", "--progress", "none"])
+             "--checkpoint-dir", "", "--progress", "none", "--device", a.device])
         train_amp.fill_defaults(args)
         torch.cuda.empty_cache()
-        r = train_amp.train(args, train_amp.Dist(), torch.device("cuda", 0),
+        r = train_amp.train(args, train_amp.Dist(), a.dev,
                             {"flag": False, "signal": None}, label="[jpeg]")
         row["train_ips"] = r["final"]["images_per_s"]
         row["amp"] = r["config"]["amp"]
@@ -255,15 +289,16 @@ def print_report(r):
 
     for m in r["matrix"]:
         if "error" in m:
-            print(f"| {m['precision']} | {m['channels_last']} | {m['compile']} | error |"
+            print(f"| {m['precision']} | {'on' if m['channels_last'] else 'off'} |"
+                  f" {'on' if m['compile'] else 'off'} | error |"
                   f" {m['error'][:60]} | | |")
             continue
         b = base(m)
         sp = f"{m['images_per_s'] / b['images_per_s']:.2f}x" if b else "n/a"
-        mem = f"{m['peak_mem_gib'] / b['peak_mem_gib']:.2f}" if b else "n/a"
+        mem = fmt(div(m["peak_mem_gib"], b["peak_mem_gib"]), ".2f") if b else "n/a"
         print(f"| {m['precision']} | {'on' if m['channels_last'] else 'off'} |"
               f" {'on' if m['compile'] else 'off'} | {m['images_per_s']:.0f} |"
-              f" {m['peak_mem_gib']:.2f} | {sp} | {mem} |")
+              f" {fmt(m['peak_mem_gib'], '.2f')} | {sp} | {mem} |")
     for s in r["skipped"]:
         print(f"\nskipped: {s}")
     amp_rows = [m for m in rows if m["precision"].startswith("amp")]
@@ -282,11 +317,11 @@ def print_report(r):
           f" compile={best['compile']}: {best['images_per_s']:.0f} images/s (target >= 7000):"
           f" {verdict(best['images_per_s'] >= 7000)}")
     if b:
-        sp, mem = best["images_per_s"] / b["images_per_s"], best["peak_mem_gib"] / b[
-            "peak_mem_gib"]
+        sp = best["images_per_s"] / b["images_per_s"]
+        mem = div(best["peak_mem_gib"], b["peak_mem_gib"])
         print(f"- best AMP vs strict FP32 with the same flags: {sp:.2f}x images/s (target >= 5x:"
-              f" {verdict(sp >= 5)}), peak memory ratio {mem:.2f} (target <= 0.55:"
-              f" {verdict(mem <= 0.55)})")
+              f" {verdict(sp >= 5)}), peak memory ratio {fmt(mem, '.2f')} (target <= 0.55:"
+              f" {verdict(mem is not None and mem <= 0.55)})")
     print(f"- best AMP vs best strict FP32 ({best32['images_per_s']:.0f} images/s):"
           f" {best['images_per_s'] / best32['images_per_s']:.2f}x")
     plain = [m for m in rows if m["precision"].startswith("amp") and not m["compile"]
@@ -295,7 +330,7 @@ def print_report(r):
         bb = base(m)
         if bb:
             print(f"- {m['precision']} eager NCHW vs strict FP32 eager NCHW: peak memory ratio"
-                  f" {m['peak_mem_gib'] / bb['peak_mem_gib']:.2f}, speed"
+                  f" {fmt(div(m['peak_mem_gib'], bb['peak_mem_gib']), '.2f')}, speed"
                   f" {m['images_per_s'] / bb['images_per_s']:.2f}x")
     d = r.get("defaults")
     if d and "error" not in d:
