@@ -252,10 +252,10 @@ def check_compiler(device):
     if not supported():
         raise UsageError(f"--compile is not supported on Python {sys.version.split()[0]} with"
                          f" torch {torch.__version__}: drop --compile")
-    # Inductor compiles its C++ kernels with $CXX (default g++); Triton builds its GPU
-    # launchers with $CC (default: the first of cc/gcc/clang on PATH).
+    # On CPU Inductor compiles C++ kernels with $CXX (default g++); on a GPU it writes Triton
+    # kernels, and Triton builds its launchers with $CC (default: the first of cc/gcc/clang).
     cxx = os.environ.get("CXX") or "g++"
-    if shutil.which(cxx) is None:
+    if device.type == "cpu" and shutil.which(cxx) is None:
         raise UsageError(f"--compile needs a C++ compiler and {cxx!r} was not found: install g++"
                          " (apt-get install g++) or set CXX, or drop --compile")
     if device.type == "cuda":
