@@ -460,3 +460,20 @@ def test_two_containers_train_as_two_nodes_over_c10d_rendezvous(start_container,
     assert read_from_container(nodes[lead], "/workspace/ck/last.pt"), "rank 0 saved nothing"
     assert read_from_container(nodes[other], "/workspace/ck/last.pt") is None, (
         "the non-zero rank wrote a checkpoint too")
+
+
+def test_torchrun_two_processes_in_one_container_shard_the_data(run_in_image):
+    """torchrun --nproc-per-node 2 should run one DDP job: half the steps, one set of logs."""
+    code, logs = run_in_image(["torchrun", "--nproc-per-node", "2", "/usr/local/bin/train_amp.py",
+                               *SYNTH, "--epochs", "1", "--log-every", "2"], timeout=420)
+    assert code == 0, f"torchrun exited {code}:\n{logs}"
+    assert "world_size=2" in logs and "steps/epoch=4 " in logs, f"not a 2-rank job:\n{logs}"
+    assert len(SUMMARY.findall(logs)) == 1, f"expected one summary line (rank 0 only):\n{logs}"
+
+
+def test_channels_last_flag_trains_in_nhwc_on_cpu(run_in_image):
+    """--channels-last should switch the model and batches to NHWC (auto keeps NCHW on CPU)."""
+    code, logs = run_in_image(["train_amp.py", *SYNTH, "--steps", "2", "--channels-last",
+                               "--checkpoint-dir", ""])
+    assert code == 0, f"exited {code}:\n{logs}"
+    assert "channels_last=True" in logs and SUMMARY.search(logs), f"no NHWC epoch:\n{logs}"
