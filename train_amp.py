@@ -96,6 +96,10 @@ def build_parser():
     g.add_argument("--num-workers", type=int, default=None,
                    help="DataLoader worker processes (default: 0 for in-memory data, else"
                         " min(8, CPUs per process))")
+    g.add_argument("--decode", choices=("workers", "device"), default="workers",
+                   help="ImageFolder JPEGs: decode and augment in the DataLoader workers (PIL),"
+                        " or only read files there and decode + augment on the training device"
+                        " (nvJPEG on a GPU; for when the CPUs cannot keep up) (default: workers)")
 
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=positive_int, default=1, help="epochs (default: 1)")
@@ -384,8 +388,29 @@ def synthetic_split(n_train, num_classes, seed):
     return make(n_train), make(max(256, n_train // 8))
 
 
+class FileBytes(Dataset):
+    """An ImageFolder's files, undecoded: for --decode device the workers only read files."""
+
+    def __init__(self, folder):
+        self.samples, self.classes = folder.samples, folder.classes
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        return torchvision.io.read_file(path), label
+
+
+def collate_bytes(batch):
+    # One flat tensor + lengths: a worker hands the main process one shared-memory block per
+    # batch; a list of 256 small tensors would need 256 file descriptors ("Bad file descriptor").
+    lengths = torch.tensor([len(b[0]) for b in batch])
+    return (torch.cat([b[0] for b in batch]), lengths), torch.tensor([b[1] for b in batch])
+
+
 class ImageFolderData:
-    def __init__(self, root, image_size):
+    def __init__(self, root, image_size, decode="workers"):
         import torchvision.transforms.v2 as T
         root = pathlib.Path(root)
         train_dir, val_dir = (root / "train", root / "val") if (root / "train").is_dir() else (
@@ -402,6 +427,46 @@ class ImageFolderData:
             raise UsageError(f"--data {root}: no images found ({e}); an ImageFolder needs"
                              " class subfolders holding .jpg/.png files") from None
         self.classes = self.train.classes
+        if decode == "device":
+            self.train = FileBytes(self.train)
+            self.val = FileBytes(self.val) if self.val is not None else None
+
+
+def decode_on_device(packed, train, image_size, device):
+    """--decode device: JPEG decode on the device (nvJPEG on a GPU, batched), then a random
+    resized crop + flip (train) or a centre crop (val), each image resized to image_size."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+    flat, lengths = packed
+    datas = list(torch.split(flat, lengths.tolist()))
+    try:
+        imgs = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError as e:
+        raise UsageError(f"--decode device could not decode a batch ({str(e).splitlines()[0]});"
+                         " only JPEG files decode on the device: use --decode workers") from None
+    out = []
+    for img in imgs:
+        h, w = img.shape[-2:]
+        if train:
+            # torchvision's RandomResizedCrop parameters: 8-100% of the area, aspect 3/4-4/3.
+            for _ in range(10):
+                area = h * w * random.uniform(0.08, 1.0)
+                aspect = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+                cw, ch = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
+                if 0 < cw <= w and 0 < ch <= h:
+                    break
+            else:
+                ch = cw = min(h, w)
+            top, left = random.randint(0, h - ch), random.randint(0, w - cw)
+            crop = img[:, top:top + ch, left:left + cw]
+            if random.random() < 0.5:
+                crop = crop.flip(-1)
+        else:
+            side = round(min(h, w) * 7 / 8)  # the same field of view as Resize(8/7) + CenterCrop
+            top, left = (h - side) // 2, (w - side) // 2
+            crop = img[:, top:top + side, left:left + side]
+        out.append(F.interpolate(crop[None].float(), size=(image_size, image_size),
+                                 mode="bilinear", antialias=True, align_corners=False))
+    return torch.cat(out)
 
 
 def load_data(args):
@@ -415,19 +480,24 @@ def load_data(args):
     if not os.path.isdir(args.data):
         raise UsageError(f"--data {args.data}: no such directory: give an ImageFolder path,"
                          " or 'synthetic' or 'digits'")
-    folder = ImageFolderData(args.data, args.image_size)
-    return folder.train, folder.val, len(folder.classes), "images"
+    folder = ImageFolderData(args.data, args.image_size, args.decode)
+    return (folder.train, folder.val, len(folder.classes),
+            "bytes" if args.decode == "device" else "images")
 
 
-def to_device(x, y, kind, image_size, device, channels_last):
-    x = x.to(device, non_blocking=True)
+def to_device(x, y, kind, image_size, device, channels_last, train=True):
     y = y.to(device, non_blocking=True)
+    if kind == "bytes":
+        mean, std = _norm_on(device)
+        x = (decode_on_device(x, train, image_size, device).div_(255) - mean) / std
+    else:
+        x = x.to(device, non_blocking=True)
     if kind == "lowres":
         x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
         if x.shape[1] == 1:
             x = x.expand(-1, 3, -1, -1)
         x = (x - 0.5) / 0.25
-    else:
+    elif kind == "images":
         mean, std = _norm_on(device)
         x = (x.float().div_(255) - mean) / std
     if channels_last:
@@ -620,7 +690,7 @@ def evaluate(net, loader, kind, args, device, amp_dtype, channels_last, d):
     net.eval()
     tot = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     for x, y in loader:
-        x, y = to_device(x, y, kind, args.image_size, device, channels_last)
+        x, y = to_device(x, y, kind, args.image_size, device, channels_last, train=False)
         with autocast(device.type, amp_dtype):
             logits = logits_of(net(x))
         tot[0] += F.cross_entropy(logits.float(), y, reduction="sum")
@@ -674,13 +744,16 @@ def train(args, d, device, stop, label=None):
                  "persistent_workers": workers > 0, "generator": loader_gen}
     if workers > 0:
         loader_kw["prefetch_factor"] = 4
+    if kind == "bytes":
+        loader_kw["collate_fn"] = collate_bytes
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True,
                         **loader_kw)
     val_loader = None
     if val_set is not None:
         shard = Subset(val_set, range(d.rank, len(val_set), d.world))
         val_loader = DataLoader(shard, batch_size=args.batch_size, shuffle=False,
-                                num_workers=workers, pin_memory=device.type == "cuda")
+                                num_workers=workers, pin_memory=device.type == "cuda",
+                                collate_fn=collate_bytes if kind == "bytes" else None)
 
     steps_per_epoch = len(sampler) // args.batch_size
     total = args.steps if args.steps else steps_per_epoch * args.epochs

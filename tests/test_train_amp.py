@@ -384,11 +384,12 @@ for split, n in (("train", 24), ("val", 8)):
 """
 
 
-def test_imagefolder_of_jpegs_trains_with_workers_and_validates(run_in_image):
-    """Container should train on an ImageFolder of JPEGs with DataLoader workers and score val/."""
+@pytest.mark.parametrize("decode", ["workers", "device"])
+def test_imagefolder_of_jpegs_trains_and_validates(run_in_image, decode):
+    """Container should train on JPEGs decoded in the workers or on the device, and score val/."""
     script = (f"python3 - <<'EOF'\n{MAKE_JPEGS}\nEOF\n"
               "exec train_amp.py --data imgs --model resnet18 --image-size 32"
-              " --batch-size 16 --epochs 1 --num-workers 2 --lr 0.05")
+              f" --batch-size 16 --epochs 1 --num-workers 2 --lr 0.05 --decode {decode}")
     code, logs = run_in_image(["bash", "-c", script])
     assert code == 0, f"exited {code}:\n{logs}"
     assert "(48 train images, 2 classes, 32px)" in logs, f"ImageFolder not read:\n{logs}"
