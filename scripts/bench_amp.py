@@ -10,6 +10,7 @@ Everything runs through train_amp.py's own benchmark()/train() so the figures ar
 A time budget (default 450 s) skips what would not fit and says so; --only reruns a subset.
 The tables also go to OUT with .md for .json; --report merges several JSON files."""
 import argparse
+import ast
 import contextlib
 import io
 import json
@@ -44,6 +45,12 @@ def bench_args(model, batch, image_size, extra):
     return train_amp.build_parser().parse_args(
         ["--benchmark", "--model", model, "--batch-size", str(batch), "--image-size",
          str(image_size), *extra])
+
+
+def _skipped_key(entry):
+    """'(name, amp, tf32, channels_last, compile): why' -> (name, channels_last, compile)."""
+    name, _amp, _tf32, cl, comp = ast.literal_eval(entry.split(": ")[0])
+    return name, cl, comp
 
 
 def run_config(args, device):
@@ -152,6 +159,9 @@ def main():
             merged["skipped"] += r["skipped"]
             merged["defaults"] = merged["defaults"] or r["defaults"]
             merged["jpeg"] = merged["jpeg"] or r["jpeg"]
+        # A configuration one run skipped for time may have been measured by another.
+        done = {(m["precision"], m["channels_last"], m["compile"]) for m in merged["matrix"]}
+        merged["skipped"] = [k for k in merged["skipped"] if _skipped_key(k) not in done]
         print_report(merged)
         return
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -192,7 +202,7 @@ def main():
     def matrix_row(name, amp, tf32, cl, compile_):
         extra = [*common, "--amp", amp, "--channels-last", "on" if cl else "off"]
         extra += ["--tf32"] if tf32 else []
-        extra += ["--compile"] if compile_ else []
+        extra += ["--compile", "on" if compile_ else "off"]
         r = run_config(bench_args(a.model, a.batch_size, a.image_size, extra), a.dev)
         r.update({"precision": name, "channels_last": cl, "compile": compile_})
         report["matrix"].append(r)
@@ -210,13 +220,14 @@ def main():
         else:
             report["skipped"].append(f"{c}: time budget")
 
-    if "defaults" in parts and fits(EST_EAGER_S):
-        # Exactly what a user gets with no precision/layout flags: --amp auto, channels_last auto.
+    if "defaults" in parts and fits(EST_COMPILE_S):
+        # Exactly what a user gets with no flags: --amp, --channels-last and --compile auto.
         r = run_config(bench_args(a.model, a.batch_size, a.image_size, common), a.dev)
         report["defaults"] = r
         save()
         print(f"  train_amp.py defaults -> amp={r.get('amp')} channels_last="
-              f"{r.get('channels_last')} cudnn.benchmark={r.get('cudnn_benchmark')}:"
+              f"{r.get('channels_last')} compile={r.get('compile')}"
+              f" cudnn.benchmark={r.get('cudnn_benchmark')}:"
               f" {fmt(r.get('images_per_s'), '.0f')} img/s", flush=True)
 
     if "jpeg" in parts and fits(90):
@@ -263,6 +274,7 @@ def bench_jpeg(a):
                 ["--data", str(folder), "--model", a.model, "--batch-size", str(a.batch_size),
                  "--image-size", str(a.image_size), "--epochs", "2", "--num-workers",
                  str(workers), "--decode", decode, "--checkpoint-dir", "", "--progress", "none",
+                 "--compile", "off",
                  "--device", a.device])
             train_amp.fill_defaults(args)
             torch.cuda.empty_cache()
@@ -320,12 +332,17 @@ def print_report(r):
         of_best = (f" = {100 * d['images_per_s'] / best['images_per_s']:.0f}% of the best AMP row"
                    f" (target >= 90%)" if best else "")
         print(f"\n- train_amp.py defaults (amp={d['amp']}, channels_last={d['channels_last']},"
-              f" cudnn.benchmark={d['cudnn_benchmark']}, compile off): {d['images_per_s']:.0f}"
+              f" cudnn.benchmark={d['cudnn_benchmark']}, compile={d['compile']}):"
+              f" {d['images_per_s']:.0f}"
               f" images/s, peak memory {fmt(d['peak_mem_gib'], '.2f')} GiB{of_best}")
     j = r.get("jpeg")
     if j:
-        gpu_ips = d["images_per_s"] if d and "error" not in d else (
-            best["images_per_s"] if best else None)
+        # The JPEG runs are eager (--compile off): compare them with the eager GPU rate of the
+        # defaults' precision and layout, from the matrix when it has that row.
+        eager = [m for m in rows if d and "error" not in d and not m["compile"]
+                 and m["precision"] == f"amp-{d['amp']}" and m["channels_last"] == d["channels_last"]]
+        gpu_ips = eager[0]["images_per_s"] if eager else (
+            d["images_per_s"] if d and "error" not in d and not d["compile"] else None)
         print_jpeg(j, gpu_ips)
 
 
