@@ -291,6 +291,22 @@ def use_compile(args, device):
     return True
 
 
+def use_channels_last(args, device, net):
+    """--channels-last on/off as given; auto: on for conv nets on a GPU (tensor-core NHWC)."""
+    return args.channels_last == "on" or (
+        args.channels_last == "auto" and device.type == "cuda" and is_conv_net(net))
+
+
+def wrap_model(net, args, device, d):
+    """DDP when distributed, then torch.compile when on: (the model to call, compiled?)."""
+    model = net
+    if d.enabled:
+        model = torch.nn.parallel.DistributedDataParallel(
+            net, device_ids=[device.index] if device.type == "cuda" else None)
+    compiled = use_compile(args, device)
+    return (torch.compile(model) if compiled else model), compiled
+
+
 def set_seed(seed):
     random.seed(seed)
     np.random.seed(seed % 2 ** 32)
@@ -747,8 +763,7 @@ def train(args, d, device, stop, label=None):
         raise UsageError(f"--batch-size {args.batch_size} x {d.world} process(es) is more than"
                          f" the {len(train_set)} training images: use a smaller --batch-size")
     net = build_model(args.model, num_classes, args.image_size).to(device)
-    channels_last = args.channels_last == "on" or (
-        args.channels_last == "auto" and device.type == "cuda" and is_conv_net(net))
+    channels_last = use_channels_last(args, device, net)
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
 
@@ -813,13 +828,7 @@ def train(args, d, device, stop, label=None):
             return {"config": config, "history": history, "final": history[-1] if history
                     else {}, "already_done": True}
 
-    model = net
-    if d.enabled:
-        model = torch.nn.parallel.DistributedDataParallel(
-            net, device_ids=[device.index] if device.type == "cuda" else None)
-    compiled = use_compile(args, device)
-    if compiled:
-        model = torch.compile(model)
+    model, compiled = wrap_model(net, args, device, d)
 
     tb = None
     if args.tensorboard and d.main:
@@ -965,17 +974,10 @@ def benchmark(args, device, d=None):
     set_seed(args.seed)
     num_classes = args.num_classes or 1000
     net = build_model(args.model, num_classes, args.image_size).to(device)
-    channels_last = args.channels_last == "on" or (
-        args.channels_last == "auto" and device.type == "cuda" and is_conv_net(net))
+    channels_last = use_channels_last(args, device, net)
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
-    model = net
-    if d.enabled:
-        model = torch.nn.parallel.DistributedDataParallel(
-            net, device_ids=[device.index] if device.type == "cuda" else None)
-    compiled = use_compile(args, device)
-    if compiled:
-        model = torch.compile(model)
+    model, compiled = wrap_model(net, args, device, d)
     optimizer = make_optimizer(net, args, 0.1 * args.batch_size / 256, device, amp_dtype)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
