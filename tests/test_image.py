@@ -74,7 +74,7 @@ def test_image_has_exactly_one_libcudnn_and_one_libnccl(run_in_image):
 
 def _wheel(path, name, version, requires=()):
     """Write a minimal, valid pure-Python wheel: enough for pip to consider installing it."""
-    dist = f"{name}-{version}.dist-info"
+    dist = f"{name.replace('-', '_')}-{version}.dist-info"
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {
         f"{name.replace('-', '_')}_fake.py": "",
@@ -104,6 +104,18 @@ def test_pip_cannot_replace_torch(run_in_image, tmp_path, requirement):
     assert re.search(r"rc=[1-9]", out), f"pip accepted {requirement}:\n{out}"
     assert "Cannot install" in out or "conflict" in out.lower(), f"no conflict message:\n{out}"
     assert out.strip().splitlines()[-1].startswith(ROW["torch"]), out
+
+
+def test_user_can_pip_install_other_packages_into_the_venv(run_in_image, tmp_path):
+    """Container should let dev pip-install packages that leave torch alone, into /opt/venv."""
+    _wheel(tmp_path, "harmless-pkg", "1.0", requires=["torch>=2.0"])
+    os.chmod(tmp_path, 0o755)
+    script = ("pip install --no-index --find-links /wheels harmless-pkg"
+              " && python -c 'import harmless_pkg_fake, sys; print(sys.prefix)'")
+    code, out = run_in_image(["bash", "-c", script],
+                             volumes={str(tmp_path): {"bind": "/wheels", "mode": "ro"}})
+    assert code == 0, out
+    assert out.strip().splitlines()[-1] == "/opt/venv", f"installed outside the venv:\n{out}"
 
 
 def test_image_contains_no_ssh_host_keys(run_in_image):
