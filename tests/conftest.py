@@ -53,7 +53,12 @@ def start_container(docker_client, image_ref):
         return c
 
     yield start
-    for c in started:
+    remove_containers(started)
+
+
+def remove_containers(containers):
+    """Force-remove containers (and their anonymous volumes); already gone is fine."""
+    for c in containers:
         try:
             c.remove(force=True, v=True)
         except docker.errors.NotFound:

@@ -7,7 +7,7 @@ import tarfile
 import uuid
 
 import pytest
-from conftest import wait_for_log
+from conftest import remove_containers, wait_for_log
 
 import docker
 
@@ -51,11 +51,7 @@ def module_containers(docker_client):
     """Containers started by module-scoped fixtures; all force-removed after the module."""
     started = []
     yield started
-    for c in started:
-        try:
-            c.remove(force=True, v=True)
-        except docker.errors.NotFound:
-            pass
+    remove_containers(started)
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +60,7 @@ def volume(docker_client, module_containers):
     successive containers share checkpoints; removed with the module."""
     vol = docker_client.volumes.create(f"train-amp-test-{uuid.uuid4().hex[:10]}")
     yield {vol.name: {"bind": "/workspace", "mode": "rw"}}
-    for c in module_containers:  # a volume in use cannot be removed
-        try:
-            c.remove(force=True, v=True)
-        except docker.errors.NotFound:
-            pass
+    remove_containers(module_containers)  # a volume in use cannot be removed
     vol.remove(force=True)
 
 
