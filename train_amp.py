@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import datetime
 import difflib
+import importlib
 import json
 import math
 import os
@@ -134,11 +135,15 @@ def build_parser():
                    help="NHWC memory format, faster for convolutions on tensor cores. auto: on"
                         " for conv nets on a GPU (default: auto; bare flag = on)")
     g.add_argument("--compile", nargs="?", const="on", default="auto",
-                   choices=("auto", "on", "off"),
+                   choices=("auto", "on", "off", "tuned"),
                    help="torch.compile the model (TorchInductor; needs g++, and Triton on GPU);"
                         " the first steps take about a minute longer. auto: on for a GPU when"
                         " Triton and a C compiler are there (ResNet-50 AMP ran 1.4x faster"
-                        " compiled on an H200), off on CPU (default: auto; bare flag = on)")
+                        " compiled on an H200), off on CPU. tuned: on, plus Inductor's"
+                        " coordinate-descent tuning of every generated kernel: about 4 more"
+                        " minutes the first time (cached in /tmp or TORCHINDUCTOR_CACHE_DIR),"
+                        " then about 6%% faster (ResNet-50 AMP on an H200: 7,100 images/s)"
+                        " (default: auto; bare flag = on)")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="(default: auto = cuda if available)")
 
@@ -279,9 +284,9 @@ def check_compiler(device):
 
 
 def use_compile(args, device):
-    """--compile on/off as given; auto: on for a GPU when compiling can work, else off."""
+    """--compile on/tuned/off as given; auto: on for a GPU when compiling can work, else off."""
     if args.compile != "auto":
-        return args.compile == "on"
+        return args.compile in ("on", "tuned")
     if device.type != "cuda":
         return False  # on CPU, compiling costs more than it saves on all but long runs
     try:
@@ -304,7 +309,22 @@ def wrap_model(net, args, device, d):
         model = torch.nn.parallel.DistributedDataParallel(
             net, device_ids=[device.index] if device.type == "cuda" else None)
     compiled = use_compile(args, device)
+    if compiled:
+        # Inductor reads its config when it compiles, at the first call: set it either way so
+        # one process (scripts/bench_amp.py) can run tuned and untuned configurations in turn.
+        # Coordinate descent re-times each generated kernel's block sizes around the
+        # heuristic's pick; on ResNet-50 that speeds up the BatchNorm/ReLU kernels.
+        inductor_config().coordinate_descent_tuning = args.compile == "tuned"
     return (torch.compile(model) if compiled else model), compiled
+
+
+def inductor_config():
+    return importlib.import_module("torch._inductor.config")  # not loaded by "import torch"
+
+
+def tuning_on():
+    """What Inductor will do (read back, so logs and results report the setting in force)."""
+    return inductor_config().coordinate_descent_tuning
 
 
 def set_seed(seed):
@@ -854,7 +874,8 @@ def train(args, d, device, stop, label=None):
            f" {args.image_size}px) device={device.type} world_size={d.world}"
            f" batch={args.batch_size}/process amp={amp_name(amp_dtype)}"
            f"{' (auto)' if args.amp == 'auto' else ''} grad_scaler={scaler.is_enabled()}"
-           f" channels_last={channels_last} compile={compiled} tf32={args.tf32}"
+           f" channels_last={channels_last} compile={compiled}"
+           f"{' (tuned)' if compiled and tuning_on() else ''} tf32={args.tf32}"
            f" steps/epoch={steps_per_epoch} total_steps={total} lr={lr:g}")
 
     net.train()
@@ -1002,7 +1023,8 @@ def benchmark(args, device, d=None):
     loss_v = loss.item()
     return {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
             "amp": amp_name(amp_dtype), "tf32": args.tf32, "channels_last": channels_last,
-            "compile": compiled, "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "compile": compiled, "compile_tuned": compiled and tuning_on(),
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "device": device_name(device), "world_size": d.world,
             "images_per_s": steps * args.batch_size * d.world / dt,
             "step_ms": 1000 * dt / steps, "warmup_s": warm_s, "measured_steps": steps,
@@ -1148,7 +1170,7 @@ def main(argv=None):
         fill_defaults(args)
         device = pick_device(args, d)
         resolve_amp(args.amp, device)  # fail on --amp fp16 on CPU before any work
-        if args.compile == "on":
+        if args.compile in ("on", "tuned"):
             check_compiler(device)
         if args.data not in ("synthetic", "digits") and not os.path.isdir(args.data):
             raise UsageError(f"--data {args.data}: no such directory: give an ImageFolder path,"
@@ -1162,7 +1184,7 @@ def main(argv=None):
             mem = f"{r['peak_mem_gib']:.2f} GiB" if r["peak_mem_gib"] is not None else "n/a (CPU)"
             say(d, f"benchmark {r['model']} batch {r['batch_size']} {r['image_size']}px"
                    f" amp={r['amp']} tf32={r['tf32']} channels_last={r['channels_last']}"
-                   f" compile={r['compile']} on {r['device']}: {r['images_per_s']:.1f} images/s,"
+                   f" compile={r['compile']}{' (tuned)' if r['compile_tuned'] else ''} on {r['device']}: {r['images_per_s']:.1f} images/s,"
                    f" {r['step_ms']:.1f} ms/step, peak mem {mem}")
             if d.main:
                 out = pathlib.Path(args.out)

@@ -2,7 +2,8 @@
 """bench_amp.py: the AMP performance matrix of issue 5 on one GPU, in one process.
 ResNet-50 (default), batch 256, synthetic data on the GPU: strict FP32 / TF32 / AMP fp16 /
 AMP bf16, each with and without channels_last and torch.compile; then train_amp.py's default
-flags, and an ImageFolder of JPEGs (input pipeline vs GPU). Prints markdown, writes JSON.
+flags, the defaults with --compile tuned, and an ImageFolder of JPEGs (input pipeline vs GPU).
+Prints markdown, writes JSON.
 
     python scripts/bench_amp.py --out /tmp/bench_amp.json
 
@@ -38,7 +39,7 @@ PRECISIONS = {  # name -> (--amp, --tf32)
     "amp-bf16": ("bf16", False),
 }
 # Rough cost of one configuration on an H200, to decide what fits in the budget.
-EST_EAGER_S, EST_COMPILE_S = 15, 75
+EST_EAGER_S, EST_COMPILE_S, EST_TUNED_S = 15, 75, 330
 
 
 def bench_args(model, batch, image_size, extra):
@@ -136,7 +137,7 @@ def main():
     p.add_argument("--budget-s", type=float, default=450,
                    help="skip what would end after this many seconds (default 450)")
     p.add_argument("--only", default="",
-                   help="comma list of parts: matrix-eager, defaults, jpeg, matrix-compile")
+                   help="comma list of parts: matrix-eager, defaults, jpeg, matrix-compile, tuned")
     p.add_argument("--precisions", default=",".join(PRECISIONS),
                    help=f"comma list of matrix precisions (default: all: {','.join(PRECISIONS)})")
     p.add_argument("--jpeg-images", type=int, default=4096)
@@ -160,7 +161,8 @@ def main():
             merged["defaults"] = merged["defaults"] or r["defaults"]
             merged["jpeg"] = merged["jpeg"] or r["jpeg"]
         # A configuration one run skipped for time may have been measured by another.
-        done = {(m["precision"], m["channels_last"], m["compile"]) for m in merged["matrix"]}
+        done = {(m["precision"] if m["compile"] != "tuned" else "tuned", m["channels_last"],
+                 m["compile"]) for m in merged["matrix"]}
         merged["skipped"] = [k for k in merged["skipped"] if _skipped_key(k) not in done]
         print_report(merged)
         return
@@ -168,7 +170,7 @@ def main():
         sys.exit("bench_amp.py needs a CUDA GPU (for CPU, see tests/test_train_amp.py)")
     a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
     parts = set(a.only.split(",")) if a.only else {"matrix-eager", "defaults", "jpeg",
-                                                  "matrix-compile"}
+                                                  "matrix-compile", "tuned"}
     t_start = time.perf_counter()
     out = pathlib.Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -240,6 +242,20 @@ def main():
         else:
             report["skipped"].append(f"{c}: time budget")
             print(f"  skipped {c}: time budget", flush=True)
+    if "tuned" in parts:
+        # The defaults plus --compile tuned: the fastest configuration train_amp.py offers.
+        # Its strict-FP32 pair is the compiled (untuned) FP32 row: tuning FP32 would cost
+        # another five minutes of tuning for a baseline.
+        if fits(EST_TUNED_S):
+            r = run_config(bench_args(a.model, a.batch_size, a.image_size,
+                                      [*common, "--compile", "tuned"]), a.dev)
+            r.update({"precision": f"amp-{r.get('amp')}", "compile": "tuned"})
+            report["matrix"].append(r)
+            save()
+            print(f"  defaults + --compile tuned: {fmt(r.get('images_per_s'), '.0f')} img/s"
+                  f" (warm-up {fmt(r.get('warmup_s'), '.0f')} s)", flush=True)
+        else:
+            report["skipped"].append("('tuned', 'auto', False, True, 'tuned'): time budget")
     save()
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
@@ -291,6 +307,10 @@ def bench_jpeg(a):
     return res
 
 
+def on_off(compile_):
+    return {False: "off", True: "on"}.get(compile_, compile_)
+
+
 def print_report(r):
     rows = [m for m in r["matrix"] if "error" not in m]
     print(f"\n## AMP benchmark: {r['model']}, batch {r['batch_size']}, {r['image_size']}px,"
@@ -303,22 +323,23 @@ def print_report(r):
 
     def base(m):
         for b in rows:
+            # A tuned row is paired with the compiled strict-FP32 row (see main()).
             if (b["precision"], b["channels_last"], b["compile"]) == (
-                    "fp32-strict", m["channels_last"], m["compile"]):
+                    "fp32-strict", m["channels_last"], bool(m["compile"])):
                 return b
         return None
 
     for m in r["matrix"]:
         if "error" in m:
             print(f"| {m['precision']} | {'on' if m['channels_last'] else 'off'} |"
-                  f" {'on' if m['compile'] else 'off'} | error |"
+                  f" {on_off(m['compile'])} | error |"
                   f" {m['error'][:60]} | | |")
             continue
         b = base(m)
         sp = f"{m['images_per_s'] / b['images_per_s']:.2f}x" if b else "n/a"
         mem = fmt(div(m["peak_mem_gib"], b["peak_mem_gib"]), ".2f") if b else "n/a"
         print(f"| {m['precision']} | {'on' if m['channels_last'] else 'off'} |"
-              f" {'on' if m['compile'] else 'off'} | {m['images_per_s']:.0f} |"
+              f" {on_off(m['compile'])} | {m['images_per_s']:.0f} |"
               f" {fmt(m['peak_mem_gib'], '.2f')} | {sp} | {mem} |")
     for s in r["skipped"]:
         print(f"\nskipped: {s}")
@@ -360,7 +381,9 @@ def print_targets(r, rows, best, fp32_rows, base):
     if b:
         sp = best["images_per_s"] / b["images_per_s"]
         mem = div(best["peak_mem_gib"], b["peak_mem_gib"])
-        print(f"- best AMP vs strict FP32 with the same flags: {sp:.2f}x images/s (target >= 5x:"
+        same = " (FP32 compiled, untuned)" if best["compile"] == "tuned" else ""
+        print(f"- best AMP vs strict FP32 with the same flags{same}: {sp:.2f}x images/s"
+              f" (target >= 5x:"
               f" {verdict(sp >= 5)}), peak memory ratio {fmt(mem, '.2f')} (target <= 0.55:"
               f" {verdict(mem is not None and mem <= 0.55)})")
     print(f"- best AMP vs best strict FP32 ({best32['images_per_s']:.0f} images/s):"

@@ -408,6 +408,16 @@ def test_compile_trains_on_cpu_with_the_images_compiler(run_in_image):
                                "--amp", "off", "--checkpoint-dir", ""], timeout=600)
     assert code == 0, f"--compile run exited {code}:\n{logs}"
     assert "compile=True" in logs and SUMMARY.search(logs), f"no compiled epoch:\n{logs}"
+    assert "(tuned)" not in logs, f"plain --compile turned kernel tuning on:\n{logs}"
+
+
+def test_compile_tuned_turns_on_kernel_tuning_and_trains(run_in_image):
+    """--compile tuned should compile with Inductor's coordinate-descent tuning on and train."""
+    code, logs = run_in_image(["train_amp.py", *SYNTH, "--steps", "2", "--compile", "tuned",
+                               "--amp", "off", "--checkpoint-dir", ""], timeout=600)
+    assert code == 0, f"--compile tuned run exited {code}:\n{logs}"
+    assert "compile=True (tuned)" in logs, f"tuning not in force:\n{logs}"
+    assert SUMMARY.search(logs), f"no compiled epoch:\n{logs}"
 
 
 # ---------------------------------------------------------------------------------------
