@@ -7,7 +7,7 @@ import tarfile
 import uuid
 
 import pytest
-from conftest import remove_containers, wait_for_log
+from conftest import ROOT, remove_containers, wait_for_log
 
 import docker
 
@@ -418,6 +418,24 @@ def test_compile_tuned_turns_on_kernel_tuning_and_trains(run_in_image):
     assert code == 0, f"--compile tuned run exited {code}:\n{logs}"
     assert "compile=True (tuned)" in logs, f"tuning not in force:\n{logs}"
     assert SUMMARY.search(logs), f"no compiled epoch:\n{logs}"
+
+
+def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
+    """scripts/bench_amp.py (the GPU benchmark) should run its parts end to end: tiny on CPU."""
+    script = ("python /repo/scripts/bench_amp.py --device cpu --model resnet18 --image-size 32"
+              " --batch-size 8 --steps 1 --warmup-steps 1 --only matrix-eager,jpeg"
+              " --precisions fp32-strict,amp-bf16 --jpeg-images 48 --jpeg-dir /tmp/jpegs"
+              " --out /tmp/bench.json && cat /tmp/bench.json")
+    code, logs = run_in_image(["bash", "-c", script], timeout=600,
+                              volumes={str(ROOT / "scripts"): {"bind": "/repo/scripts",
+                                                               "mode": "ro"}})
+    assert code == 0, f"bench_amp.py exited {code}:\n{logs}"
+    assert "| amp-bf16 | on | off |" in logs and "### JPEG ImageFolder (48 images" in logs, logs
+    report = json.loads(logs[logs.index("\n{") + 1:])
+    assert len(report["matrix"]) == 4 and all(m["images_per_s"] > 0 for m in report["matrix"])
+    runs = report["jpeg"]["runs"]
+    assert runs and all(r.get("loader_only_ips", 0) > 0 and r.get("train_ips", 0) > 0
+                        for r in runs), runs
 
 
 # ---------------------------------------------------------------------------------------
