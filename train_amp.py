@@ -141,7 +141,7 @@ def build_parser():
                         " Triton and a C compiler are there (ResNet-50 AMP ran 1.4x faster"
                         " compiled on an H200), off on CPU. tuned: on, plus Inductor's"
                         " coordinate-descent tuning of every generated kernel: about 4 more"
-                        " minutes the first time (cached in /tmp or TORCHINDUCTOR_CACHE_DIR),"
+                        " minutes the first time (cached in TORCHINDUCTOR_CACHE_DIR: the image's CACHE_DIR),"
                         " then about 6%% faster (ResNet-50 AMP on an H200: 7,100 images/s)"
                         " (default: auto; bare flag = on)")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",

@@ -187,6 +187,50 @@ def test_unwritable_workspace_is_an_error_with_the_fix(run_in_image, tmp_path):
         f"an ERROR with the fix is expected:\n{out}"
 
 
+COMPILE_AND_REPORT = """
+import torch, torch.hub
+from torch._dynamo.utils import counters
+torch.compile(lambda x: (x.sin() + 1).relu())(torch.randn(8))
+print("fxgraph", counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+print("hub", torch.hub.get_dir())
+"""
+
+
+def test_caches_in_a_mounted_workspace_serve_the_next_container(run_in_image, tmp_path):
+    """Container should keep pip/HF/hub/Inductor caches in /workspace/.cache for the next one."""
+    os.chown(tmp_path, 4321, 4321)
+    mount = {str(tmp_path): {"bind": "/workspace", "mode": "rw"}}
+    script = ["bash", "-c", (f"python -c '{COMPILE_AND_REPORT}' && echo xdg=$XDG_CACHE_HOME"
+                             " && grep -c XDG_CACHE_HOME= /etc/team/environment")]
+    code, first = run_in_image(script, volumes=mount, timeout=600)
+    assert code == 0, f"the first container failed:\n{first}"
+    assert re.search(r"^fxgraph 0 [1-9]", first, re.MULTILINE), f"the first compile should miss:\n{first}"
+    assert "hub /workspace/.cache/torch/hub" in first and "xdg=/workspace/.cache\n1" in first, first
+    cache = tmp_path / ".cache"
+    assert (cache.stat().st_uid, (cache / ".gitignore").read_text().splitlines()[-1]) == (4321, "*")
+    assert any((cache / "torchinductor").rglob("*")), "no Inductor cache was written to the mount"
+    code, second = run_in_image(script, volumes=mount, timeout=600)
+    assert code == 0 and re.search(r"^fxgraph [1-9]", second, re.MULTILINE), \
+        f"a new container should compile from the mounted cache:\n{second}"
+
+
+@pytest.mark.parametrize("env,mounted,want", [
+    ({}, False, "xdg=\n"),                                    # the image's own /workspace
+    ({"CACHE_DIR": "none"}, True, "xdg=\n"),                  # opted out
+    ({"CACHE_DIR": "/tmp/c"}, False, "xdg=/tmp/c\n"),          # anywhere else
+    ({"CACHE_DIR": "rel/dir"}, False, "CACHE_DIR must be an absolute path"),
+], ids=["no-mount", "none", "custom", "relative-is-an-error"])
+def test_cache_dir_follows_cache_dir_env(run_in_image, tmp_path, env, mounted, want):
+    """Container should put caches where CACHE_DIR says, nowhere when 'none' or unmounted."""
+    os.chown(tmp_path, 4321, 4321)
+    mount = {str(tmp_path): {"bind": "/workspace", "mode": "rw"}} if mounted else {}
+    code, out = run_in_image(["bash", "-c", "echo xdg=$XDG_CACHE_HOME"], environment=env,
+                             volumes=mount)
+    assert want in out, f"expected {want!r}:\n{out}"
+    assert (code == 0) == want.startswith("xdg="), f"exit code {code}:\n{out}"
+    assert not (tmp_path / ".cache").exists(), "CACHE_DIR=none still wrote to the workspace"
+
+
 @pytest.mark.parametrize("grant,expect", [("1", "0"), (None, "password is required")])
 def test_sudo_only_when_granted(run_in_image, grant, expect):
     """Container should give dev passwordless sudo with GRANT_SUDO=1, and none without it."""
