@@ -184,8 +184,19 @@ def test_kernel_runs_code_and_sees_torch(start_jupyter):
     c, base, token = start_jupyter()
     out = run_in_kernel(base, token, "import torch; print('torch', torch.__version__, 2 + 2)")
     assert re.search(r"torch 2\.6\.\d\S* 4", out), f"the kernel should import torch 2.6, got {out!r}"
-    issues = re.findall(r"^\[[WEC] .*", c.logs().decode(errors="replace"), re.MULTILINE)
+    # Jupyter's own lines ([W 2026-...]) and the kernel's ([IPKernelApp] WARNING | ...).
+    issues = re.findall(r"^\[[WEC] .*|^\[\w+\] (?:WARNING|ERROR|CRITICAL) .*",
+                        c.logs().decode(errors="replace"), re.MULTILINE)
     assert not issues, f"Jupyter should not warn while serving a kernel: {issues}"
+
+
+def test_kernels_talk_over_unix_sockets_not_tcp(start_jupyter):
+    """Container should start kernels on IPC (unix sockets in the user's runtime dir), so no
+    process in the container can reach a kernel through a localhost TCP port."""
+    _c, base, token = start_jupyter()
+    out = run_in_kernel(base, token, "import json, ipykernel.connect as k;"
+                        " print('transport', json.load(open(k.get_connection_file()))['transport'])")
+    assert "transport ipc" in out, f"the kernel should use the ipc transport, got {out!r}"
 
 
 def test_files_made_via_jupyter_on_a_bind_mount_belong_to_the_host_user(start_jupyter, tmp_path):

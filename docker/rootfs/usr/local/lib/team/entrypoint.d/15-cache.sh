@@ -25,7 +25,8 @@ _cache_step() {
   fi
   # Like pytest's .pytest_cache: git ignores the folder without the project's .gitignore.
   if [ ! -e "$dir/.gitignore" ]; then
-    "${as_user[@]}" sh -c 'printf "# Caches written by the team-dl image (CACHE_DIR), not project files.\n*\n" >"$1/.gitignore"' sh "$dir"
+    printf '# Caches written by the team-dl image (CACHE_DIR), not project files.\n*\n' |
+      "${as_user[@]}" tee "$dir/.gitignore" >/dev/null
   fi
   # pip, Hugging Face (HF_HOME) and torch hub (TORCH_HOME) default to folders under
   # XDG_CACHE_HOME; Inductor and Triton do not. Values the user set win.

@@ -78,6 +78,9 @@ cfg = {
         "tornado_settings": {"ws_ping_timeout": 30000},
     },
     "IdentityProvider": {"token": os.environ["JT"]},
+    # Kernels on unix sockets (mode 700 runtime dir), not localhost TCP ports that any process
+    # in the container can reach; also ends ipykernel'"'"'s "running over TCP" WARNING per kernel.
+    "KernelManager": {"transport": "ipc"},
 }
 if os.environ["JH"]:
     cfg["PasswordIdentityProvider"] = {"hashed_password": os.environ["JH"]}
