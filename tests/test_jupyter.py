@@ -191,8 +191,8 @@ def test_kernel_runs_code_and_sees_torch(start_jupyter):
 
 
 def test_kernels_talk_over_unix_sockets_not_tcp(start_jupyter):
-    """Container should start kernels on IPC (unix sockets in the user's runtime dir), so no
-    process in the container can reach a kernel through a localhost TCP port."""
+    """Container should start kernels on IPC: their five channels are unix sockets in the
+    user's private runtime dir, not localhost TCP ports that any process could connect to."""
     _c, base, token = start_jupyter()
     out = run_in_kernel(base, token, "import json, ipykernel.connect as k;"
                         " print('transport', json.load(open(k.get_connection_file()))['transport'])")
