@@ -231,6 +231,23 @@ def test_cache_dir_follows_cache_dir_env(run_in_image, tmp_path, env, mounted, w
     assert not (tmp_path / ".cache").exists(), "CACHE_DIR=none still wrote to the workspace"
 
 
+def test_an_empty_root_owned_cache_volume_is_handed_to_the_user(run_in_image, tmp_path):
+    """Container should chown an empty root-owned CACHE_DIR (a new named volume) to dev and use it,
+    but leave a root-owned folder that already holds files alone, with a WARN."""
+    empty, full = tmp_path / "empty", tmp_path / "full"
+    empty.mkdir(mode=0o755)
+    full.mkdir(mode=0o755)
+    (full / "someone-elses").write_text("x")
+    for folder, want in ((empty, "xdg=/cache\n"), (full, "xdg=\n")):
+        code, out = run_in_image(["bash", "-c", "echo xdg=$XDG_CACHE_HOME; touch /cache/t || true"],
+                                 environment={"CACHE_DIR": "/cache"},
+                                 volumes={str(folder): {"bind": "/cache", "mode": "rw"}})
+        assert code == 0 and want in out, f"{folder.name}: expected {want!r}:\n{out}"
+    assert empty.stat().st_uid == 1000 and (empty / "t").stat().st_uid == 1000
+    assert full.stat().st_uid == 0 and not (full / "t").exists()
+    assert re.search(r"^WARN .*Caches stay inside the container", out, re.MULTILINE), out
+
+
 @pytest.mark.parametrize("grant,expect", [("1", "0"), (None, "password is required")])
 def test_sudo_only_when_granted(run_in_image, grant, expect):
     """Container should give dev passwordless sudo with GRANT_SUDO=1, and none without it."""

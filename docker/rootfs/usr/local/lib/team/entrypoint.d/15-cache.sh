@@ -19,6 +19,12 @@ _cache_step() {
   esac
   # Made as the user who will write the caches, so a root-owned folder never blocks them.
   [ "$(id -u)" = 0 ] && as_user=(setpriv --reuid="$NB_USER" --regid="$NB_USER" --init-groups)
+  # A new named volume (-v cache:/cache -e CACHE_DIR=/cache) is an empty folder owned by root:
+  # hand it to the user. Never a folder that holds files: those may be someone else's.
+  if ! "${as_user[@]}" test -w "$dir" 2>/dev/null && [ "$(id -u)" = 0 ] &&
+     { [ ! -e "$dir" ] || [ -z "$(ls -A "$dir" 2>/dev/null)" ]; }; then
+    mkdir -p "$dir" 2>/dev/null && chown "$NB_USER:$(id -gn "$NB_USER")" "$dir" 2>/dev/null
+  fi
   if ! "${as_user[@]}" mkdir -p "$dir" 2>/dev/null || ! "${as_user[@]}" test -w "$dir"; then
     log_warn "Caches stay inside the container: $NB_USER cannot write $dir. Fix: make it writable by UID ${NB_UID:-$(id -u)}, or -e CACHE_DIR=none"
     return 0
