@@ -1,22 +1,26 @@
 # shellcheck shell=bash
 # Setup step (sourced, as root): give $NB_USER the UID/GID of the host user who owns a
 # bind-mounted /workspace (or HOST_UID/HOST_GID), so files it writes there belong to that user.
+
+# Field 5 of mountinfo is the mount point: a bind mount of a host directory shows up there.
+# A plain shell variable (not exported): later steps read it too (15-cache.sh).
+WORKSPACE_MOUNTED=0
+if awk '$5 == "/workspace" { found = 1 } END { exit !found }' /proc/self/mountinfo; then
+  WORKSPACE_MOUNTED=1
+fi
+
 [ "$(id -u)" = 0 ] || return 0   # started with --user: nothing to remap, we run as given
 
 _user_step() {
-  local want_uid want_gid old_uid old_gid ws_uid ws_gid ws_mounted=0 home
+  local want_uid want_gid old_uid old_gid ws_uid ws_gid home
   old_uid=$(id -u "$NB_USER"); old_gid=$(id -g "$NB_USER")
   home=$(getent passwd "$NB_USER" | cut -d: -f6)
-  # Field 5 of mountinfo is the mount point: a bind mount of a host directory shows up there.
-  if awk '$5 == "/workspace" { found = 1 } END { exit !found }' /proc/self/mountinfo; then
-    ws_mounted=1
-  fi
   ws_uid=$(stat -c %u /workspace); ws_gid=$(stat -c %g /workspace)
 
   want_uid=${HOST_UID:-}; want_gid=${HOST_GID:-}
   # A root-owned mount (Docker Desktop, a directory Docker created) says nothing about the
   # host user, and following it would make Jupyter run as root: keep the image's UID then.
-  if [ -z "$want_uid" ] && [ "$ws_mounted" = 1 ] && [ "$ws_uid" != 0 ]; then
+  if [ -z "$want_uid" ] && [ "$WORKSPACE_MOUNTED" = 1 ] && [ "$ws_uid" != 0 ]; then
     want_uid=$ws_uid; want_gid=${want_gid:-$ws_gid}
   fi
   want_uid=${want_uid:-$old_uid}; want_gid=${want_gid:-$old_gid}
@@ -38,7 +42,7 @@ _user_step() {
   if [ "$want_uid" != "$old_uid" ] || [ "$want_gid" != "$old_gid" ]; then
     # Only what the old IDs owned: quick on a fresh home, and a mounted home's other files stay.
     find "$home" -xdev \( -uid "$old_uid" -o -gid "$old_gid" \) -exec chown -h "$want_uid:$want_gid" {} +
-    if [ "$ws_mounted" = 0 ]; then chown "$want_uid:$want_gid" /workspace; fi
+    if [ "$WORKSPACE_MOUNTED" = 0 ]; then chown "$want_uid:$want_gid" /workspace; fi
     log_info "User $NB_USER is now UID $want_uid, GID $want_gid (was $old_uid:$old_gid)"
   fi
 

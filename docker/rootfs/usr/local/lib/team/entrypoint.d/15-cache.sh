@@ -9,7 +9,7 @@ _cache_step() {
   local dir=${CACHE_DIR-} as_user=()
   if [ -z "$dir" ]; then
     # Only a bind mount: caches in the image's own /workspace would be lost with the container.
-    awk '$5 == "/workspace" { found = 1 } END { exit !found }' /proc/self/mountinfo || return 0
+    [ "${WORKSPACE_MOUNTED:-0}" = 1 ] || return 0  # set by 10-user.sh
     dir=/workspace/.cache
   fi
   [ "$dir" = none ] && return 0
