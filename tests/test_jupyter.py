@@ -3,6 +3,7 @@ a real kernel, and files it writes on a bind mount belong to the host user."""
 import json
 import os
 import re
+import subprocess
 import time
 import uuid
 
@@ -294,3 +295,68 @@ def test_generated_token_survives_a_restart_of_the_same_container(start_jupyter)
     logs = wait_for_log(c, r"(?s)==> READY.*==> READY", 120)
     tokens = re.findall(r"/lab\?token=([0-9a-f]+)", logs)
     assert tokens == [token, token], f"the restarted container should reuse its token: {tokens}"
+
+
+# --- nothing secret in the logs, bad auth settings refused up front ---------------------------
+
+def failing_requests(base, token):
+    """Requests that Jupyter answers with an error and logs as a warning, URL included: a missing
+    file, a missing kernel (REST and websocket), a wrong token, a form post without _xsrf."""
+    requests.get(f"{base}/api/contents/missing-{uuid.uuid4().hex}.ipynb?token={token}", timeout=TIMEOUT)
+    requests.delete(f"{base}/api/contents/missing.txt?token={token}", timeout=TIMEOUT)
+    requests.get(f"{base}/api/kernels/{uuid.uuid4()}?token={token}", timeout=TIMEOUT)
+    requests.get(f"{base}/api/sessions?token={token}x", timeout=TIMEOUT)
+    requests.get(f"{base}/files/nothere.txt?token={token}", timeout=TIMEOUT)
+    requests.post(f"{base}/login?next=%2Flab%3Ftoken%3D{token}", data={"password": token}, timeout=TIMEOUT)
+    with pytest.raises(websocket.WebSocketBadStatusException):
+        websocket.create_connection(ws_url(base, f"/api/kernels/{uuid.uuid4()}/channels", token), timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("chosen", [True, False], ids=["JUPYTER_TOKEN", "generated"])
+def test_token_never_reaches_the_logs_from_failing_requests(start_jupyter, chosen):
+    """Container should redact the token from every log line Jupyter writes for failing requests."""
+    env = {"JUPYTER_TOKEN": "chosen-" + uuid.uuid4().hex} if chosen else {}
+    c, base, generated = start_jupyter(env)
+    token = env.get("JUPYTER_TOKEN") or generated
+    failing_requests(base, token)
+    # The lines are there (so the test sees what Jupyter logged), with the token redacted.
+    logs = wait_for_log(c, r"404 GET /api/kernels/[0-9a-f-]+\?token=\[redacted\]", TIMEOUT)
+    assert re.search(r"/api/contents/missing-[0-9a-f]+\.ipynb\?token=\[redacted\]", logs), \
+        f"the 404 for a missing file should still be logged, token redacted:\n{logs}"
+    allowed = 0 if chosen else 1  # a generated token is shown once: in the ready line
+    # A wrong token that starts like the real one (token + "x") would count here too.
+    assert logs.count(token) == allowed, \
+        f"the token appears {logs.count(token)} times in the logs (allowed: {allowed}):\n{logs}"
+
+
+def test_token_file_that_is_a_directory_is_refused_with_the_fix(run_in_image, tmp_path):
+    """Container should name JUPYTER_TOKEN_FILE and the fix when it points to a directory."""
+    code, logs = run_in_image(None, timeout=60, environment={"JUPYTER_TOKEN_FILE": "/run/secrets/tok"},
+                              volumes={str(tmp_path): {"bind": "/run/secrets/tok", "mode": "ro"}})
+    assert code == 64, f"a directory as the token file should stop the container (64), got {code}:\n{logs}"
+    assert re.search(r"^ERROR .*JUPYTER_TOKEN_FILE=/run/secrets/tok is a directory.*Fix: ", logs, re.MULTILINE), \
+        f"the ERROR should say it is a directory and give the fix:\n{logs}"
+    assert "read error" not in logs, f"no raw shell error:\n{logs}"
+
+
+@pytest.mark.parametrize("bad", ["argon2:garbage", "argon2:$argon2id$v=19$m=10240,t=10,p=8$c2FsdA",
+                                 "sha1:abc:not-hex"])
+def test_malformed_password_hash_is_refused_at_start(run_in_image, bad):
+    """Container should refuse a JUPYTER_PASSWORD_HASH that no password can match, before READY."""
+    code, logs = run_in_image(None, timeout=60, environment={"JUPYTER_PASSWORD_HASH": bad})
+    assert code == 64, f"a malformed hash should stop the container (64), got {code}:\n{logs}"
+    assert re.search(r"^ERROR .*JUPYTER_PASSWORD_HASH is not a valid .* hash.*Fix: .*passwd\(\)", logs, re.MULTILINE), \
+        f"the ERROR should name the variable and how to make a hash:\n{logs}"
+    assert "READY" not in logs and bad not in logs, f"no start, and the value not echoed:\n{logs}"
+
+
+def test_jupyter_port_22_with_ssh_on_is_refused_with_the_fix(run_in_image, tmp_path):
+    """Container should refuse JUPYTER_PORT=22 while SSH is on, naming both ways out."""
+    key = tmp_path / "id"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    code, logs = run_in_image(None, timeout=60, environment={
+        "JUPYTER_PORT": "22", "PUBLIC_KEY": key.with_suffix(".pub").read_text().strip()})
+    assert code == 64, f"the port conflict should stop the container (64), got {code}:\n{logs}"
+    assert re.search(r"^ERROR .*JUPYTER_PORT=22 is sshd's port.*JUPYTER_PORT=8888.*SSHD_ENABLED=0", logs, re.MULTILINE), \
+        f"the ERROR should name the conflict and both fixes:\n{logs}"
+    assert "is not available" not in logs, f"Jupyter should not have been started:\n{logs}"

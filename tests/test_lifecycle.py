@@ -286,3 +286,115 @@ def test_arbitrary_user_flag_still_serves_jupyter(start_container):
     logs = wait_for_log(c, READY)
     _, out = c.exec_run(["ps", "-o", "uid=", "-C", "jupyter-lab"])
     assert out.split() == [b"4321"], f"Jupyter should run as the --user UID: {out!r}\n{logs}"
+
+
+# --- unusual docker run options: each works, or fails naming the cause and the fix ------------
+
+def test_read_only_workspace_mount_is_named_as_the_cause(run_in_image, tmp_path):
+    """Container should blame the :ro mount (not ownership) when /workspace is mounted read-only."""
+    os.chown(tmp_path, 4321, 4321)
+    _, out = run_in_image(["true"], volumes={str(tmp_path): {"bind": "/workspace", "mode": "ro"}})
+    assert re.search(r"^ERROR .*/workspace is mounted read-only.*drop :ro", out, re.MULTILINE), \
+        f"the ERROR should name the read-only mount and the fix:\n{out}"
+    assert "HOST_UID" not in out, f"ownership is not the problem here:\n{out}"
+
+
+def test_workspace_with_root_group_keeps_the_image_gid(run_in_image, tmp_path):
+    """Container should follow a 4242:0 /workspace's owner but keep dev's GID (never group root)."""
+    os.chown(tmp_path, 4242, 0)
+    tmp_path.chmod(0o755)
+    code, out = run_in_image(["bash", "-c", "echo ids=$(id -u):$(id -g); touch /workspace/f"],
+                             volumes={str(tmp_path): {"bind": "/workspace", "mode": "rw"}})
+    assert code == 0 and "ids=4242:1000" in out, f"dev should become 4242 and keep GID 1000:\n{out}"
+    assert not re.search(r"^ERROR", out, re.MULTILINE), f"nothing is wrong here:\n{out}"
+
+
+@pytest.mark.parametrize("env,named", [
+    ({"HOST_UID": "4294967296"}, "HOST_UID='4294967296'"),
+    ({"HOST_UID": "-5"}, "HOST_UID='-5'"),
+    ({"HOST_GID": "abc"}, "HOST_GID='abc'"),
+    ({"HOST_GID": "0"}, "HOST_GID=0"),
+])
+def test_bad_host_ids_are_refused_naming_the_variable(run_in_image, env, named):
+    """Container should refuse an out-of-range or root HOST_UID/HOST_GID, naming that variable."""
+    code, out = run_in_image(["true"], environment=env)
+    assert code == 64, f"{env} should stop the container with 64, got {code}:\n{out}"
+    assert re.search(rf"^ERROR .*{re.escape(named)}.*Fix: ", out, re.MULTILINE), \
+        f"the ERROR should name {named} and the fix:\n{out}"
+    assert "usermod" not in out and "groupmod" not in out, f"no raw tool error:\n{out}"
+
+
+def test_read_only_root_filesystem_serves_jupyter_and_commands(start_jupyter, run_in_image, docker_client):
+    """Container should start Jupyter and run commands under --read-only --tmpfs /tmp."""
+    ro = {"read_only": True, "tmpfs": {"/tmp": ""}}
+    vol = docker_client.volumes.create()
+    try:
+        c, base, token = start_jupyter(volumes={vol.name: {"bind": "/workspace", "mode": "rw"}}, **ro)
+        r = requests.put(f"{base}/api/contents/saved.txt", headers={"Authorization": f"token {token}"},
+                         json={"type": "file", "format": "text", "content": "hi"}, timeout=30)
+        assert r.status_code == 201, f"saving to /workspace should work: {r.status_code} {r.text}"
+        logs = c.logs().decode(errors="replace")
+        assert not re.search(r"^(WARN|ERROR)", logs, re.MULTILINE), f"a read-only start is normal:\n{logs}"
+        c.remove(force=True)
+        script = ("import pathlib, torch; p = pathlib.Path.home() / 'x'; p.write_text('ok');"
+                  " print('home', p.read_text(), torch.__version__)")
+        code, out = run_in_image(["python", "-c", script], **ro)
+        assert code == 0 and "home ok" in out, f"a command should run with a writable home:\n{out}"
+    finally:
+        vol.remove(force=True)
+
+
+def test_read_only_root_filesystem_with_ssh_is_refused_with_the_fix(run_in_image, public_key):
+    """Container should refuse SSH on --read-only up front, with the ways out."""
+    code, out = run_in_image(None, timeout=60, environment={"PUBLIC_KEY": public_key},
+                             read_only=True, tmpfs={"/tmp": ""})
+    assert code == 64, f"SSH on a read-only root should stop the container (64), got {code}:\n{out}"
+    assert re.search(r"^ERROR .*SSH cannot start on a read-only root filesystem.*Fix: drop --read-only", out,
+                     re.MULTILINE), f"the ERROR should name the cause and the fix:\n{out}"
+
+
+def test_cap_drop_all_is_refused_with_the_fix(run_in_image):
+    """Container should refuse to start as root without SETUID/SETGID, naming --user and --cap-add."""
+    code, out = run_in_image(["true"], cap_drop=["ALL"])
+    assert code == 64, f"--cap-drop ALL should stop the container (64), got {code}:\n{out}"
+    assert re.search(r"^ERROR .*missing: .*SETUID.*--user 1000:1000.*--cap-add SETUID", out, re.MULTILINE), \
+        f"the ERROR should name the missing capabilities and both fixes:\n{out}"
+    assert "setresuid failed" not in out and "cannot change owner" not in out, f"no raw tool error:\n{out}"
+
+
+def test_cap_drop_all_with_user_serves_jupyter(start_jupyter):
+    """Container should serve Jupyter under --cap-drop ALL --user 1000:1000 (the fix it names)."""
+    _, base, token = start_jupyter(cap_drop=["ALL"], user="1000:1000")
+    assert requests.get(f"{base}/api/status", headers={"Authorization": f"token {token}"},
+                        timeout=30).status_code == 200, "Jupyter should answer"
+
+
+def test_user_flag_with_an_unwritable_workspace_is_an_error_with_the_fix(run_in_image, tmp_path):
+    """Container should say at start that a --user UID cannot write the mounted /workspace."""
+    tmp_path.chmod(0o755)  # root-owned
+    _, out = run_in_image(["true"], user="12345:12345",
+                             volumes={str(tmp_path): {"bind": "/workspace", "mode": "rw"}})
+    assert re.search(r"^ERROR .*/workspace .*not writable by UID 12345 from --user.*Fix: --user", out,
+                     re.MULTILINE), f"an ERROR naming --user and the fix is expected:\n{out}"
+
+
+@pytest.mark.parametrize("name,body,status", [
+    ("20-fails", "#!/bin/sh\necho half-done\nexit 3\n", 3),
+    ("20-fails.sh", "export A=1\nfalse\necho never\n", 1),
+])
+def test_a_failing_hook_stops_the_container_naming_it(run_in_image, tmp_path, name, body, status):
+    """Container should stop at a failing hook, naming it and its exit status, before the command."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "10-ok.sh").write_text("export HOOK_OK=1\n")
+    (hooks / name).write_text(body)
+    (hooks / name).chmod(0o755)
+    (hooks / "30-after").write_text("#!/bin/sh\necho later-hook-ran\n")
+    (hooks / "30-after").chmod(0o755)
+    code, out = run_in_image(["echo", "command-ran"],
+                             volumes={str(hooks): {"bind": "/etc/team/hooks.d", "mode": "ro"}})
+    assert code == status, f"the container should exit with the hook's status {status}, got {code}:\n{out}"
+    assert re.search(rf"^ERROR .*Hook /etc/team/hooks.d/{re.escape(name)} failed \(exit status {status}\)",
+                     out, re.MULTILINE), f"the ERROR should name the hook and its status:\n{out}"
+    assert "command-ran" not in out and "later-hook-ran" not in out and "never" not in out, \
+        f"nothing after the failing command should run:\n{out}"

@@ -463,6 +463,24 @@ def test_ssh_sessions_see_the_container_environment(start_container, key, mode):
     assert not leaked, f"secrets reached the {mode} SSH session: {leaked}"
 
 
+def test_urls_with_credentials_are_secrets_whatever_their_name(start_container, key):
+    """Container should keep a URL with a password (DATABASE_URL=postgres://u:pw@h/db) out of SSH."""
+    password = secrets.token_hex(12)
+    env = {"DATABASE_URL": f"postgres://app:{password}@db.internal:5432/app",
+           "HTTPS_PROXY": f"http://me:{password}@proxy:3128",
+           "HF_ENDPOINT": "https://hf-mirror.com", "GIT_REMOTE": "git@github.com:acme/x.git",
+           "REPO_URL": "https://user@example.com/x.git"}
+    c = start_with_ssh(start_container, key.public, environment=env)
+    client = ssh_connect(c, key.pkey)
+    seen = _dump_env(client, "exec")
+    client.close()
+    assert password not in json.dumps(seen), "a URL with a password reached the SSH session"
+    for name in ("HF_ENDPOINT", "GIT_REMOTE", "REPO_URL"):
+        assert seen.get(name) == env[name], f"{name} has no password and should reach SSH: {seen.get(name)!r}"
+    _, out = exec_in(c, f"grep -rlsF -- '{password}' /etc /home /run /tmp")
+    assert not out.split(), f"the password is written in: {out.split()}"
+
+
 def test_secrets_are_written_to_no_file(start_container, key):
     """Container should write no secret to a file; the Jupyter token only to Jupyter's private files."""
     env = {name: secrets.token_hex(16) for name in SECRET_VARS}

@@ -4,6 +4,8 @@
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../lib/team/log.sh
 source /usr/local/lib/team/log.sh
+# shellcheck source=SCRIPTDIR/../lib/team/user.sh
+source /usr/local/lib/team/user.sh
 
 # Setup steps: small scripts, one concern each, sourced in order so they can set variables
 # for later steps (e.g. SSHD_ENABLED). Root-only steps check `id -u` themselves.
@@ -12,24 +14,45 @@ for step in /usr/local/lib/team/entrypoint.d/*.sh; do
   source "$step"
 done
 
-# User hooks from a mounted directory: *.sh are sourced, other executables are run.
-HOOKS_DIR=${HOOKS_DIR:-/etc/team/hooks.d}
-if [ -d "$HOOKS_DIR" ]; then
-  for hook in "$HOOKS_DIR"/*; do
+# run_hooks DIR: the user's hooks, in name order: *.sh are sourced (so they can export
+# variables for what follows), other executables run, the rest ignored. The first hook that
+# fails stops the container, named in the log with its exit status: a half-applied setup
+# must not start the services as if all were well.
+run_hooks() {
+  local dir=$1 hook
+  [ -d "$dir" ] || return 0
+  for hook in "$dir"/*; do
+    [ -e "$hook" ] || continue
     case "$hook" in
-      *.sh) log_info "Sourcing hook $hook"; # shellcheck source=/dev/null
-            source "$hook" ;;
-      *) if [ -f "$hook" ] && [ -x "$hook" ]; then log_info "Running hook $hook"; "$hook"; fi ;;
+      *.sh)
+        log_info "Sourcing hook $hook"
+        # set -e ends the entrypoint at the hook's first failing command; say which hook.
+        trap '_hook_failed "$hook" $?' ERR
+        # shellcheck source=/dev/null
+        source "$hook"
+        trap - ERR ;;
+      *)
+        if [ -f "$hook" ] && [ -x "$hook" ]; then
+          log_info "Running hook $hook"
+          "$hook" || _hook_failed "$hook" $?
+        else
+          log_info "Ignoring hook $hook (not executable and not *.sh)"
+        fi ;;
     esac
   done
-fi
+}
+_hook_failed() {
+  log_error "Hook $1 failed (exit status $2); the container stops. Fix: correct or remove it in ${HOOKS_DIR}"
+  exit "$2"
+}
+HOOKS_DIR=${HOOKS_DIR:-/etc/team/hooks.d}
+run_hooks "$HOOKS_DIR"
 
 if [ $# -gt 0 ]; then
   log_info "Executing: $*"
   if [ "$(id -u)" = 0 ]; then
-    exec setpriv --reuid="$NB_USER" --regid="$NB_USER" --init-groups \
-      env HOME="/home/$NB_USER" USER="$NB_USER" LOGNAME="$NB_USER" "$@"
+    as_nb_user --exec env HOME="$NB_HOME" USER="$NB_USER" LOGNAME="$NB_USER" "$@"
   fi
-  exec "$@"
+  exec env HOME="$NB_HOME" "$@"
 fi
 exec /usr/local/lib/team/services.sh

@@ -4,7 +4,10 @@
 set -uo pipefail
 # shellcheck source=docker/rootfs/usr/local/lib/team/log.sh
 source /usr/local/lib/team/log.sh
+# shellcheck source=docker/rootfs/usr/local/lib/team/user.sh
+source /usr/local/lib/team/user.sh
 
+# What the healthcheck reads: /run/team, or /tmp/team-run on a read-only root (--read-only).
 state=/run/team
 jupyter_pid="" sshd_pid=""
 
@@ -31,7 +34,7 @@ on_signal() {
 trap 'on_signal SIGTERM' TERM
 trap 'on_signal SIGINT' INT
 
-mkdir -p "$state" 2>/dev/null || state=""
+mkdir -p "$state" 2>/dev/null || { state=/tmp/team-run; mkdir -p "$state" 2>/dev/null; } || state=""
 
 # The SSH step (30-ssh.sh) enables sshd only with a key and when we run as root.
 if [ "${SSHD_ENABLED:-0}" = 1 ]; then
@@ -40,22 +43,16 @@ if [ "${SSHD_ENABLED:-0}" = 1 ]; then
   sshd_pid=$!
 fi
 
-if [ "$(id -u)" = 0 ]; then
-  run_as=$NB_USER home=$(getent passwd "$NB_USER" | cut -d: -f6)
-  as_user=(setpriv --reuid="$NB_USER" --regid="$NB_USER" --init-groups)
-else
-  as_user=()
-  # Started with --user: that UID may have no passwd entry and no writable home.
-  run_as=$(id -un 2>/dev/null || id -u) home=${HOME:-/}
-  if [ ! -w "$home" ]; then
-    home=$(mktemp -d "/tmp/home-$(id -u).XXXXXX")
-    log_warn "UID $(id -u) (from --user) has no writable home: using $home, lost with the container. Fix: drop --user and set HOST_UID/HOST_GID instead"
-  fi
-fi
+# Started with --user, that UID may have no passwd entry; 10-user.sh picked a writable home.
+run_as=$NB_USER
+[ "$(id -u)" = 0 ] || run_as=$(id -un 2>/dev/null || id -u)
 cd /workspace || exit 1
 # Jupyter gets neither the root environment's extras nor the ready URL (it holds the token).
-"${as_user[@]}" env -u TEAM_JUPYTER_URL -u SSHD_ENABLED HOME="$home" USER="$run_as" LOGNAME="$run_as" \
-  SHELL=/bin/bash jupyter lab --config="$TEAM_JUPYTER_CONFIG" &
+# Everything it and its kernels print goes through the redactor (jupyter-log-redact), so no
+# token or password reaches `docker logs`; the redactor ends when Jupyter closes the pipe.
+as_nb_user --exec env -u TEAM_JUPYTER_URL -u SSHD_ENABLED HOME="$NB_HOME" USER="$run_as" LOGNAME="$run_as" \
+  SHELL=/bin/bash jupyter lab --config="$TEAM_JUPYTER_CONFIG" \
+  > >(/usr/local/lib/team/jupyter-log-redact "$TEAM_JUPYTER_CONFIG" >&2) 2>&1 &
 jupyter_pid=$!
 
 if [ -n "$state" ]; then

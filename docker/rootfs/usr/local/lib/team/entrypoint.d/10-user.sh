@@ -1,37 +1,122 @@
 # shellcheck shell=bash
 # Setup step (sourced, as root): give $NB_USER the UID/GID of the host user who owns a
 # bind-mounted /workspace (or HOST_UID/HOST_GID), so files it writes there belong to that user.
+# Sets WORKSPACE_MOUNTED (1 when /workspace is a mount; read by 15-cache.sh), ROOT_READONLY
+# (1 under docker run --read-only; read by 30-ssh.sh, 35-env.sh, 40-jupyter.sh) and exports
+# NB_UID/NB_GID and NB_HOME (the home Jupyter, SSH sessions and commands get).
 
-# Field 5 of mountinfo is the mount point: a bind mount of a host directory shows up there.
-# A plain shell variable (not exported): later steps read it too (15-cache.sh).
-WORKSPACE_MOUNTED=0
-if awk '$5 == "/workspace" { found = 1 } END { exit !found }' /proc/self/mountinfo; then
-  WORKSPACE_MOUNTED=1
+# Field 5 of mountinfo is the mount point, field 6 its options ("rw,..." or "ro,...").
+WORKSPACE_MOUNTED=0 ROOT_READONLY=0 _ws_opts=""
+_ws_opts=$(awk '$5 == "/workspace" { print $6 }' /proc/self/mountinfo | tail -n 1)
+[ -z "$_ws_opts" ] || WORKSPACE_MOUNTED=1
+case ",$(awk '$5 == "/" { print $6 }' /proc/self/mountinfo | tail -n 1)," in
+  *,ro,*) ROOT_READONLY=1 ;;
+esac
+
+# _workspace_unwritable_reason UID: why that user cannot write /workspace, with the fix.
+_workspace_unwritable_reason() {
+  case ",$_ws_opts," in
+    *,ro,*) echo "/workspace is mounted read-only (:ro), so notebooks and files cannot be saved there. Fix: mount it read-write (drop :ro), or mount your data read-only elsewhere (-v DIR:/data:ro) and keep /workspace writable"; return ;;
+  esac
+  if [ "$WORKSPACE_MOUNTED" = 0 ] && [ "$ROOT_READONLY" = 1 ]; then
+    echo "/workspace is on a read-only root filesystem (--read-only). Fix: mount a directory or volume there, e.g. -v \"\$PWD\":/workspace"; return
+  fi
+  if [ "$(id -u)" != 0 ]; then
+    echo "/workspace (owner $(stat -c %u:%g /workspace)) is not writable by UID $1 from --user: notebooks and files cannot be saved. Fix: --user \$(stat -c %u:%g <dir>) to match the directory's owner, or drop --user (the entrypoint then maps $NB_USER to the owner of the mounted /workspace)"; return
+  fi
+  echo "/workspace (owner $(stat -c %u:%g /workspace), mode $(stat -c %a /workspace)) is not writable by UID $1: notebooks and files cannot be saved. Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g), or on the host: chown \$(id -u):\$(id -g) <dir>"
+}
+
+# _pick_home DIR WHO: DIR when WHO can write it, else a private folder in /tmp (a read-only
+# root filesystem, or a --user UID with no home of its own). Exports NB_HOME.
+_pick_home() {
+  local dir=$1 who=$2
+  if [ -n "$dir" ] && as_nb_user test -w "$dir" 2>/dev/null; then
+    export NB_HOME=$dir; return 0
+  fi
+  if ! NB_HOME=$(as_nb_user mktemp -d "/tmp/home-$(as_nb_user id -u).XXXXXX" 2>/dev/null); then
+    log_error "$who has no writable home (${dir:-none}) and /tmp is not writable either: Jupyter and Python need somewhere to write. Fix: add --tmpfs /tmp (with --read-only), or drop --read-only"
+    exit 64
+  fi
+  export NB_HOME
+  if [ "$ROOT_READONLY" = 1 ]; then
+    log_info "The root filesystem is read-only: $who's home is $NB_HOME, lost with the container (keep work in /workspace)"
+  else
+    log_warn "UID $(id -u) (from --user) has no writable home: using $NB_HOME, lost with the container. Fix: drop --user and set HOST_UID/HOST_GID instead"
+  fi
+}
+
+# A start with --user: nothing to remap (no root), but say so now if saving will fail.
+if [ "$(id -u)" != 0 ]; then
+  _pick_home "${HOME:-}" "UID $(id -u)"
+  if [ ! -w /workspace ]; then
+    log_error "$(_workspace_unwritable_reason "$(id -u)")"
+  fi
+  unset _ws_opts; unset -f _workspace_unwritable_reason _pick_home
+  return 0
 fi
 
-[ "$(id -u)" = 0 ] || return 0   # started with --user: nothing to remap, we run as given
+# _need_caps: root without CAP_SETUID/CAP_SETGID (e.g. --cap-drop ALL) cannot switch to the
+# non-root user, and Jupyter never runs as root: refuse with the two ways that work.
+_need_caps() {
+  local eff missing=() cap bit
+  eff=$(awk '/^CapEff:/ { print $2 }' /proc/self/status)
+  for cap in CHOWN:0 DAC_OVERRIDE:1 FOWNER:3 SETGID:6 SETUID:7; do
+    bit=${cap#*:}
+    (( (16#$eff >> bit) & 1 )) || missing+=("${cap%:*}")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log_error "The container runs as root without the capabilities the entrypoint needs to switch to $NB_USER (missing: ${missing[*]}; e.g. --cap-drop ALL). Jupyter never runs as root. Fix: start it as the user instead, --user 1000:1000 (SSH is then off), or add them back: $(printf -- '--cap-add %s ' "${missing[@]}")(and --cap-add SYS_CHROOT for SSH)"
+  exit 64
+}
+
+# _id_from NAME VALUE: validates a UID/GID (1..4294967294, Linux's range without -1) or exits
+# naming where it came from.
+_id_from() {
+  local what=$1 value=$2
+  if ! [[ $value =~ ^[0-9]{1,10}$ ]] || [ "$value" -gt 4294967294 ]; then
+    log_error "$what='$value' is not a valid ID (a number from 1 to 4294967294). Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g)"
+    exit 64
+  fi
+}
 
 _user_step() {
-  local want_uid want_gid old_uid old_gid ws_uid ws_gid home
+  local want_uid want_gid old_uid old_gid ws_uid ws_gid home uid_from gid_from
+  _need_caps
   old_uid=$(id -u "$NB_USER"); old_gid=$(id -g "$NB_USER")
   home=$(getent passwd "$NB_USER" | cut -d: -f6)
   ws_uid=$(stat -c %u /workspace); ws_gid=$(stat -c %g /workspace)
 
   want_uid=${HOST_UID:-}; want_gid=${HOST_GID:-}
+  uid_from=HOST_UID gid_from=HOST_GID
   # A root-owned mount (Docker Desktop, a directory Docker created) says nothing about the
   # host user, and following it would make Jupyter run as root: keep the image's UID then.
+  # A root *group* alone (4242:0, common for dirs made by root with a user's UID) keeps the
+  # image's GID the same way, rather than refusing a variable the user never set.
   if [ -z "$want_uid" ] && [ "$WORKSPACE_MOUNTED" = 1 ] && [ "$ws_uid" != 0 ]; then
-    want_uid=$ws_uid; want_gid=${want_gid:-$ws_gid}
+    want_uid=$ws_uid uid_from="the owner of the mounted /workspace"
+    if [ -z "$want_gid" ] && [ "$ws_gid" != 0 ]; then
+      want_gid=$ws_gid gid_from="the group of the mounted /workspace"
+    fi
   fi
   want_uid=${want_uid:-$old_uid}; want_gid=${want_gid:-$old_gid}
-  case "$want_uid$want_gid" in
-    *[!0-9]*) log_error "HOST_UID/HOST_GID must be numbers (got '$want_uid'/'$want_gid'). Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g)"; exit 64 ;;
-  esac
-  if [ "$want_uid" = 0 ] || [ "$want_gid" = 0 ]; then
-    log_error "HOST_UID/HOST_GID=0 would run JupyterLab and SSH sessions as root; refused. Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g), or GRANT_SUDO=1 for root access"
+  _id_from "$uid_from" "$want_uid"
+  _id_from "$gid_from" "$want_gid"
+  if [ "$want_uid" = 0 ]; then
+    log_error "$uid_from=0 would run JupyterLab and SSH sessions as root; refused. Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g), or GRANT_SUDO=1 for root access"
+    exit 64
+  fi
+  if [ "$want_gid" = 0 ]; then
+    log_error "$gid_from=0 would give JupyterLab and SSH sessions the root group; refused. Fix: -e HOST_GID=\$(id -g), or leave HOST_GID unset"
     exit 64
   fi
 
+  if [ "$want_uid" != "$old_uid" ] || [ "$want_gid" != "$old_gid" ] || [ "${GRANT_SUDO:-0}" = 1 ]; then
+    if [ "$ROOT_READONLY" = 1 ]; then
+      log_error "Cannot make $NB_USER UID $want_uid:$want_gid (from $uid_from) or grant sudo: the root filesystem is read-only (--read-only). Fix: --user $want_uid:$want_gid instead of HOST_UID/HOST_GID (no sudo), or drop --read-only"
+      exit 64
+    fi
+  fi
   if [ "$want_gid" != "$old_gid" ]; then
     # -o: the host GID may already name a group in the image (e.g. 100 "users").
     groupmod -o -g "$want_gid" "$NB_USER"
@@ -50,14 +135,16 @@ _user_step() {
     printf '%s ALL=(ALL) NOPASSWD:ALL\n' "$NB_USER" > /etc/sudoers.d/90-team-nb-user
     chmod 0440 /etc/sudoers.d/90-team-nb-user
     log_info "GRANT_SUDO=1: $NB_USER has passwordless sudo"
-  else
+  elif [ -e /etc/sudoers.d/90-team-nb-user ]; then
     rm -f /etc/sudoers.d/90-team-nb-user
   fi
 
-  if ! setpriv --reuid="$NB_USER" --regid="$NB_USER" --init-groups test -w /workspace; then
-    log_error "/workspace (owner $(stat -c %u:%g /workspace), mode $(stat -c %a /workspace)) is not writable by $NB_USER (UID $want_uid): notebooks and files cannot be saved. Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g), or on the host: chown \$(id -u):\$(id -g) <dir>"
+  if ! as_nb_user test -w /workspace; then
+    log_error "$(_workspace_unwritable_reason "$want_uid")"
   fi
   export NB_UID=$want_uid NB_GID=$want_gid
+  _pick_home "$home" "$NB_USER"
 }
 _user_step
-unset -f _user_step
+unset _ws_opts
+unset -f _user_step _need_caps _id_from _workspace_unwritable_reason _pick_home

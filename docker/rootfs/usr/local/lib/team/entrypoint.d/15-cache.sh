@@ -6,7 +6,7 @@
 # CACHE_DIR=none keeps the tools' own defaults inside the container, lost with it.
 
 _cache_step() {
-  local dir=${CACHE_DIR-} as_user=()
+  local dir=${CACHE_DIR-}
   if [ -z "$dir" ]; then
     # Only a bind mount: caches in the image's own /workspace would be lost with the container.
     [ "${WORKSPACE_MOUNTED:-0}" = 1 ] || return 0  # set by 10-user.sh
@@ -17,22 +17,21 @@ _cache_step() {
     /*) ;;
     *) log_error "CACHE_DIR must be an absolute path or 'none' (got '$dir'). Fix: -e CACHE_DIR=/workspace/.cache"; exit 64 ;;
   esac
-  # Made as the user who will write the caches, so a root-owned folder never blocks them.
-  [ "$(id -u)" = 0 ] && as_user=(setpriv --reuid="$NB_USER" --regid="$NB_USER" --init-groups)
   # A new named volume (-v cache:/cache -e CACHE_DIR=/cache) is an empty folder owned by root:
   # hand it to the user. Never a folder that holds files: those may be someone else's.
-  if ! "${as_user[@]}" test -w "$dir" 2>/dev/null && [ "$(id -u)" = 0 ] &&
+  if ! as_nb_user test -w "$dir" 2>/dev/null && [ "$(id -u)" = 0 ] &&
      { [ ! -e "$dir" ] || [ -z "$(ls -A "$dir" 2>/dev/null)" ]; }; then
     mkdir -p "$dir" 2>/dev/null && chown "$NB_USER:$(id -gn "$NB_USER")" "$dir" 2>/dev/null
   fi
-  if ! "${as_user[@]}" mkdir -p "$dir" 2>/dev/null || ! "${as_user[@]}" test -w "$dir"; then
+  # Made as the user who will write the caches, so a root-owned folder never blocks them.
+  if ! as_nb_user mkdir -p "$dir" 2>/dev/null || ! as_nb_user test -w "$dir"; then
     log_warn "Caches stay inside the container: $NB_USER cannot write $dir. Fix: make it writable by UID ${NB_UID:-$(id -u)}, or -e CACHE_DIR=none"
     return 0
   fi
   # Like pytest's .pytest_cache: git ignores the folder without the project's .gitignore.
   if [ ! -e "$dir/.gitignore" ]; then
     printf '# Caches written by the team-dl image (CACHE_DIR), not project files.\n*\n' |
-      "${as_user[@]}" tee "$dir/.gitignore" >/dev/null
+      as_nb_user tee "$dir/.gitignore" >/dev/null
   fi
   # pip, Hugging Face (HF_HOME) and torch hub (TORCH_HOME) default to folders under
   # XDG_CACHE_HOME; Inductor and Triton do not. Values the user set win.

@@ -115,7 +115,13 @@ _ssh_main() {
   home=$(getent passwd "$NB_USER" | cut -d: -f6)
   uid=$(id -u "$NB_USER"); gid=$(id -g "$NB_USER")
   ak=$home/.ssh/authorized_keys
-  install -d -m 700 -o "$uid" -g "$gid" "$home/.ssh"
+
+  # sshd writes host keys to /etc/ssh and reads keys from the home: neither on --read-only.
+  if [ "$requested" != 0 ] && [ "${ROOT_READONLY:-0}" = 1 ] && { [ "${#_SSH_NEW[@]}" -gt 0 ] || [ -s "$ak" ]; }; then
+    log_error "SSH cannot start on a read-only root filesystem (--read-only): sshd needs to write its host keys and $ak. Fix: drop --read-only, or start without PUBLIC_KEY/PUBLIC_KEY_FILE (or -e SSHD_ENABLED=0) and use docker exec"
+    exit 64
+  fi
+  [ "${#_SSH_NEW[@]}" -eq 0 ] || install -d -m 700 -o "$uid" -g "$gid" "$home/.ssh"
 
   # Keys already there (persisted home, or a restart) count and are not added again.
   if [ -f "$ak" ]; then
