@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Make a stand-in for the nvidia/cuda base image on hosts that cannot pull it (air-gapped
-# sites, this project's CI): a Debian minbase from debootstrap, imported with the same
-# environment nvidia/cuda:*-base sets, so the NVIDIA Container Toolkit still injects the
-# driver and the image still works on a GPU host. It is an explicit choice, never a fallback.
+# sites, this project's CI): a Debian minbase from debootstrap that looks like the real base
+# where the image's build and tests can tell: the same Env, Labels and Cmd, the same cuda-*
+# packages and files (forward-compat libcuda, a second libcudart, /usr/local/cuda links, loader
+# configuration, NVIDIA's apt source pointing at an unresolvable host) and the Ubuntu 22.04 bits
+# the Dockerfile deals with (dynamic MOTD, /etc/legal, a setgid helper, HOME_MODE 0750). All of
+# that comes from one pinned file, versions.json's base_facts (tests/test_base.py checks the
+# result against it). It is an explicit choice, never a fallback.
 #
 # Usage: scripts/make-standin-base.sh [IMAGE_NAME]   (FORCE=1 rebuilds an existing one)
 # Needs: root, debootstrap, docker, a Debian mirror (MIRROR=...).
@@ -13,17 +17,20 @@ versions() { python3 "$here/versions.py" "$@"; }
 image=${1:-$(versions standin image)}
 suite=${SUITE:-$(versions standin suite)}
 mirror=${MIRROR:-http://deb.debian.org/debian}
-cuda_full=$(versions get cuda_full)
-cuda=$(versions get cuda)
+facts=$here/../$(versions get base_facts)
 
 log() { printf '%s [%s] %s\n' "$1" "$(date -u +%H:%M:%S)" "$2" >&2; }
 
-if [ "${FORCE:-0}" != 1 ] && docker image inspect "$image" >/dev/null 2>&1; then
-  log INFO "stand-in base $image already exists (FORCE=1 to rebuild)"
+# What the stand-in is made from: an existing one made from anything else is made again, so a
+# warm Docker cache (CI) never keeps a stand-in that differs from the pinned facts.
+recipe=$(cat "$facts" "$here/base_facts.py" "$0" | sha256sum | cut -c1-16)
+if [ "${FORCE:-0}" != 1 ] \
+  && [ "$(docker image inspect --format '{{index .Config.Labels "team.base.standin.recipe"}}' "$image" 2>/dev/null)" = "$recipe" ]; then
+  log INFO "stand-in base $image already exists, made from this recipe (FORCE=1 to rebuild)"
   exit 0
 fi
-for tool in debootstrap docker; do
-  command -v "$tool" >/dev/null || { log ERROR "$tool not found: apt-get install debootstrap docker.io"; exit 1; }
+for tool in debootstrap docker dpkg-deb; do
+  command -v "$tool" >/dev/null || { log ERROR "$tool not found: apt-get install debootstrap docker.io dpkg"; exit 1; }
 done
 [ "$(id -u)" = 0 ] || { log ERROR "debootstrap needs root: sudo $0 $*"; exit 1; }
 
@@ -33,20 +40,20 @@ log INFO "debootstrap $suite from $mirror into $root"
 debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.log" 2>&1 \
   || { tail -20 "$root.log" >&2; log ERROR "debootstrap failed (full log: $root.log)"; exit 1; }
 rm -f "$root.log"
-# The same loader paths nvidia/cuda:*-base registers, so driver libraries mounted by the
-# NVIDIA Container Toolkit under /usr/local/nvidia are found.
-printf '/usr/local/nvidia/lib\n/usr/local/nvidia/lib64\n' >"$root/etc/ld.so.conf.d/nvidia.conf"
+# The real base's files: plain ones straight into the tree, package-owned ones as .deb files
+# named like NVIDIA's, installed with dpkg so that their maintainer scripts make the
+# /etc/alternatives links and `dpkg --purge` removes them as it does on the real base.
+log INFO "adding the real base's files and packages from $(basename "$facts")"
+python3 "$here/base_facts.py" standin-root "$facts" "$root" "$root/tmp/standin-debs" "$(dpkg --print-architecture)"
+chroot "$root" sh -c 'dpkg -i /tmp/standin-debs/*.deb >/dev/null && rm -rf /tmp/standin-debs && ldconfig'
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin
 
 log INFO "importing as $image"
-tar -C "$root" --numeric-owner -c . | docker import \
-  --change "ENV PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
-  --change "ENV LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64" \
-  --change "ENV NVIDIA_VISIBLE_DEVICES=all" \
-  --change "ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility" \
-  --change "ENV NVIDIA_REQUIRE_CUDA=cuda>=$cuda" \
-  --change "ENV CUDA_VERSION=$cuda_full" \
-  --change "LABEL team.base.standin=true team.base.standin.suite=$suite" \
-  --change 'CMD ["/bin/bash"]' \
+python3 "$here/base_facts.py" import-changes "$facts" >"$root.changes"
+changes=()
+while IFS= read -r -d '' change; do changes+=(--change "$change"); done <"$root.changes"
+rm -f "$root.changes"
+tar -C "$root" --numeric-owner -c . | docker import "${changes[@]}" \
+  --change "LABEL team.base.standin=true team.base.standin.suite=$suite team.base.standin.recipe=$recipe" \
   - "$image" >/dev/null
 log INFO "stand-in base ready: $image (build with BASE_IMAGE=$image PYTHON_VERSION=$(versions standin python))"

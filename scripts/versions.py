@@ -18,9 +18,14 @@ Usage: versions.py get KEY [--row NAME]   print one field of a matrix row (defau
                                            print `immutable=...` and `moving=...` (GitHub
                                            outputs): which tags a release workflow run pushes
        versions.py matrix                  print the rows as compact JSON for a CI matrix
+       versions.py base-image [--row NAME] [--require-digest]
+                                           print the base a build uses, base_image@base_image_digest
+                                           (--require-digest: fail when the digest is missing, as
+                                           the release workflow does)
 """
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -41,6 +46,21 @@ def tag(r, python=None):
     return f"{r['torch']}-cuda{r['cuda']}-cudnn{cudnn_major}-py{python or r['python']}-runtime"
 
 
+def base_image(r):
+    """The base as builds use it: pinned by digest when versions.json has one. Docker resolves
+    `name:tag@digest` by the digest alone; the tag stays for people reading it."""
+    digest = r.get("base_image_digest", "")
+    return f"{r['base_image']}@{digest}" if digest else r["base_image"]
+
+
+def nvidia_require_cuda(r):
+    """The image's NVIDIA_REQUIRE_CUDA, checked by the NVIDIA Container Toolkit before start (its
+    syntax: a space separates alternatives, a comma joins conditions). PyTorch's CUDA wheels run
+    on any driver of the same CUDA major (minor-version compatibility), from min_driver on; the
+    image removes the forward-compat libraries, so older drivers cannot work and are refused."""
+    return f"cuda>={r['cuda'].split('.')[0]}.0,driver>={r['min_driver']}"
+
+
 def git_sha():
     # As the Makefile's GIT_SHA: 12 hex digits, "-dirty" when tracked files differ from HEAD.
     here = pathlib.Path(__file__).resolve().parent
@@ -59,11 +79,12 @@ def git_created():
 
 def build_args(r, python=None, source=None):
     return {
-        "BASE_IMAGE": r["base_image"], "TORCH_VERSION": r["torch"],
+        "BASE_IMAGE": base_image(r), "TORCH_VERSION": r["torch"],
         "TORCHVISION_VERSION": r["torchvision"], "TORCHAUDIO_VERSION": r["torchaudio"],
         "CUDA": r["cuda"], "CUDNN": r["cudnn"], "NCCL": r["nccl"],
         "PYTHON_VERSION": python or r["python"], "VERSION": tag(r, python),
         "REVISION": git_sha(), "CREATED": git_created(), "SOURCE": source or "local",
+        "NVIDIA_REQUIRE_CUDA": nvidia_require_cuda(r),
     }
 
 
@@ -96,6 +117,8 @@ def main(argv):
         for k, v in row(name).items():
             if isinstance(v, str):
                 print(f"V_{k.upper()}:={v}")
+        print(f"V_BASE_IMAGE_REF:={base_image(row(name))}")
+        print(f"V_NVIDIA_REQUIRE_CUDA:={nvidia_require_cuda(row(name))}")
     elif cmd in ("tag", "tags"):
         r, python = row(name), option(args, "--python")
         tags = [tag(r, python)]
@@ -122,6 +145,13 @@ def main(argv):
         print(f"immutable={' '.join(immutable)}\nmoving={' '.join(moving)}")
     elif cmd == "moving-tags":
         print(" ".join(row(name).get("moving_tags", [])))
+    elif cmd == "base-image":
+        r = row(name)
+        digest = r.get("base_image_digest", "")
+        if "--require-digest" in args and not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            sys.exit(f"versions.py: row {r['name']!r} has no valid base_image_digest ({digest!r}): "
+                     f"pin {r['base_image']} by digest in versions.json first (README: Pinning the base)")
+        print(base_image(r))
     elif cmd == "matrix":
         print(json.dumps({"row": [r["name"] for r in DATA["matrix"]]}, separators=(",", ":")))
     else:

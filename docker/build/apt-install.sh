@@ -7,5 +7,13 @@ opts=(-o Dpkg::Use-Pty=0)
 if [ -s "$ca" ]; then opts+=(-o "Acquire::https::CAInfo=$ca"); fi
 # Keep downloaded .debs in the cache mount instead of deleting them (Docker's default).
 rm -f /etc/apt/apt.conf.d/docker-clean
-apt-get "${opts[@]}" update -qq
+# nvidia/cuda bases ship NVIDIA's apt source (cuda-keyring's sources.list.d/cuda-*.list). Nothing
+# here installs from it, and behind a mirror or proxy that allows only the distribution's archive
+# `apt-get update` fails on it: drop it first. The keyring stays, harmless: only that source
+# named it (signed-by), so it vouches for nothing now.
+mapfile -t nvidia_sources < <(grep -rl -e 'developer\.download\.nvidia\.com' /etc/apt/sources.list.d/ 2>/dev/null || true)
+if [ ${#nvidia_sources[@]} -gt 0 ]; then rm -f -- "${nvidia_sources[@]}"; fi
+# --error-on=any: an index that fails to download is an error, not a warning after which the
+# install would run from stale or missing lists.
+apt-get "${opts[@]}" update -qq --error-on=any
 apt-get "${opts[@]}" install -y -qq --no-install-recommends "$@" >/dev/null
