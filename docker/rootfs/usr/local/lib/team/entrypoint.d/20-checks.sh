@@ -12,6 +12,17 @@ _checks_step() {
     log_warn "/dev/shm is only $((shm_kib / 1024)) MiB: PyTorch DataLoader workers and NCCL fail with 'Bus error' or 'No space left'. Fix: docker run --shm-size=8g ... (or --ipc=host)"
   fi
 
+  # NCCL over InfiniBand/RoCE pins (registers) its buffers; Docker's default locked-memory
+  # limit (8 MiB) makes ibv_reg_mr fail, and NCCL then aborts or falls back to TCP sockets.
+  # /dev/infiniband/uverbs* is what a container gets when RDMA devices are passed to it.
+  local memlock
+  if compgen -G '/dev/infiniband/uverbs*' >/dev/null || [ -n "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then
+    memlock=$(ulimit -l)
+    if [ "$memlock" != unlimited ] && [ "$memlock" -lt 8388608 ]; then
+      log_warn "InfiniBand/RoCE devices are visible but the locked-memory limit is $memlock KiB: NCCL cannot register its buffers and aborts or falls back to TCP sockets. Fix: docker run --ulimit memlock=-1 ... (Slurm/Kubernetes: raise the node's limit, e.g. LimitMEMLOCK=infinity in the slurmd/containerd unit)"
+    fi
+  fi
+
   # One python3 start (no torch) reads versions.json: torch/CUDA/cuDNN/NCCL and the GPU
   # architectures torch has kernels for, as written at build time.
   local torch_line="" arch_list=""
