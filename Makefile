@@ -9,14 +9,17 @@ $(foreach v,$(shell python3 scripts/versions.py make-vars $(if $(ROW),--row $(RO
 
 IMAGE       ?= team-dl## image name (without registry)
 REGISTRY    ?=## e.g. ghcr.io/acme; empty = local only
-BASE_IMAGE  ?= $(V_BASE_IMAGE)## nvidia/cuda base, or the stand-in (make base-standin)
+BASE_IMAGE  ?= $(V_BASE_IMAGE_REF)## nvidia/cuda base pinned by digest (versions.json), or the stand-in (make base-standin)
 PYTHON_VERSION ?= $(V_PYTHON)## must match the base's python3 (3.11 for the Debian stand-in)
 CUDNN_MAJOR := $(firstword $(subst ., ,$(V_CUDNN)))
 TAG         ?= $(V_TORCH)-cuda$(V_CUDA)-cudnn$(CUDNN_MAJOR)-py$(PYTHON_VERSION)-runtime## immutable descriptive tag
 CA_BUNDLE   ?=## PEM bundle for a TLS-inspecting proxy, handed to the build as a secret
-CONTAINER   ?= $(IMAGE)-$(USER)
-PORT_JUPYTER ?= 8888
-PORT_SSH    ?= 2222
+# IMAGE-USER made a valid Docker name: ml/team-dl -> ml-team-dl; USER unset -> `id -un`.
+CONTAINER   ?= $(shell python3 scripts/doctor.py name --image '$(IMAGE)' --user '$(USER)')## container name for make run/stop/logs
+PORT_JUPYTER ?= 8888## host port make run publishes JupyterLab on
+PORT_SSH    ?= 2222## host port make run publishes SSH on
+PREFLIGHT   ?= 1## 0: make run/build skip their host checks (scripts/doctor.py preflight)
+LOGS_ARGS   ?=## docker logs flags for make logs, e.g. -f (follow) or --tail 50
 PYTEST_ARGS ?=## extra pytest flags, e.g. -x -k ssh
 TESTS       ?= tests/## test paths for make test
 
@@ -29,8 +32,13 @@ GIT_SHA     := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown
 CREATED     := $(shell git log -1 --format=%cI 2>/dev/null || echo unknown)
 TEST_VENV   := .venv-test
 GPU_FLAGS   = $(shell $(DOCKER) info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo --gpus all)
+# What make run/build would use, for scripts/doctor.py: `make doctor` checks all of it; run and
+# build first check what would stop them, to name the cause and fix before Docker's own error.
+DOCTOR_OPTS = --docker '$(DOCKER)' --image '$(REF)' --base '$(BASE_IMAGE)' $(if $(ROW),--row $(ROW)) \
+  --container '$(CONTAINER)' --port PORT_JUPYTER=$(PORT_JUPYTER) --port PORT_SSH=$(PORT_SSH)
+preflight   = $(if $(filter 0,$(PREFLIGHT)),,python3 scripts/doctor.py preflight --for $(1) $(DOCTOR_OPTS))
 
-.PHONY: help build run shell test smoke lint clean base-standin test-deps bench
+.PHONY: help build run shell test smoke lint clean base-standin mirror-base test-deps bench
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  \033[36m%-14s\033[0m %s\n",$$1,$$2}' $(MAKEFILE_LIST)
@@ -38,23 +46,40 @@ help: ## Show this help
 	@awk 'BEGIN{FS="[?]= *|## "} /^[A-Z_]+ *[?]=.*## /{printf "  %-14s %s\n",$$1,$$3}' $(MAKEFILE_LIST)
 	@echo; echo "Current: REF=$(REF) BASE_IMAGE=$(BASE_IMAGE)"
 
+.PHONY: doctor stop logs
+doctor: ## Check this host (Docker, BuildKit, GPU, disk, base, ports): what is fine, what to fix
+	@python3 scripts/doctor.py doctor $(DOCTOR_OPTS)
+
 build: ## Build the runtime image as $(REF)
+	@$(call preflight,build)
 	$(DOCKER) build -f docker/Dockerfile --target runtime \
 	  --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 	  --build-arg TORCH_VERSION=$(V_TORCH) --build-arg TORCHVISION_VERSION=$(V_TORCHVISION) \
 	  --build-arg TORCHAUDIO_VERSION=$(V_TORCHAUDIO) --build-arg CUDA=$(V_CUDA) \
 	  --build-arg CUDNN=$(V_CUDNN) --build-arg NCCL=$(V_NCCL) \
 	  --build-arg PYTHON_VERSION=$(PYTHON_VERSION) \
+	  --build-arg 'NVIDIA_REQUIRE_CUDA=$(V_NVIDIA_REQUIRE_CUDA)' \
 	  --build-arg VERSION=$(TAG) --build-arg REVISION=$(GIT_SHA) --build-arg CREATED=$(CREATED) \
 	  --build-arg SOURCE=$(shell git config --get remote.origin.url 2>/dev/null || echo local) \
 	  $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) \
 	  -t $(REF) .
 
 run: ## Start the container (builds first if needed): JupyterLab on 8888, SSH on 2222
+	@$(call preflight,run)
 	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
 	$(DOCKER) run --rm $(if $(shell [ -t 0 ] && echo y),-it) --name $(CONTAINER) $(GPU_FLAGS) \
 	  --shm-size=8g -p $(PORT_JUPYTER):8888 -p $(PORT_SSH):22 -v "$(CURDIR)":/workspace \
 	  $(if $(wildcard .env),--env-file .env) $(REF)
+
+stop: ## Stop and remove make run's container (CONTAINER); none running is fine
+	@c='$(CONTAINER)'; if $(DOCKER) container inspect "$$c" >/dev/null 2>&1; then \
+	  $(DOCKER) stop "$$c" >/dev/null && { $(DOCKER) rm -f "$$c" >/dev/null 2>&1; echo "stopped $$c"; }; \
+	else echo "no container named $$c: nothing to stop"; fi
+
+logs: ## Print make run's container logs: the ==> READY line has the JupyterLab URL
+	@c='$(CONTAINER)'; if $(DOCKER) container inspect "$$c" >/dev/null 2>&1; then \
+	  $(DOCKER) logs $(LOGS_ARGS) "$$c"; \
+	else echo "no container named $$c: make run starts it" >&2; exit 1; fi
 
 shell: ## Open a bash shell in a fresh container (same setup as run)
 	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
@@ -95,6 +120,12 @@ bench: build test-deps ## Start-up benchmark: docker run -> Jupyter, -> SSH logi
 
 base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped hosts, CI)
 	scripts/make-standin-base.sh
+
+# An upstream tag can disappear (NVIDIA removes end-of-life CUDA tags): keep a copy by digest.
+BASE_UPSTREAM ?= $(V_BASE_IMAGE)## the base make mirror-base copies (repository:tag)
+BASE_DIGEST ?= $(V_BASE_IMAGE_DIGEST)## the digest it must have (versions.json base_image_digest)
+mirror-base: ## Copy the pinned base, by digest, into $(REGISTRY) (pull, tag, push, verify)
+	DOCKER=$(DOCKER) scripts/mirror-base.sh "$(REGISTRY)" "$(BASE_UPSTREAM)" "$(BASE_DIGEST)"
 
 clean: ## Remove this tag and the test virtualenv
 	-$(DOCKER) image rm $(REF)

@@ -1,0 +1,675 @@
+#!/usr/bin/env python3
+"""Check this host before `make run` / `make build`: what is fine, what to fix, and the fix.
+
+Usage: doctor.py doctor [OPTIONS]              every check as a table; exit 1 when one must be fixed
+       doctor.py preflight --for run|build [OPTIONS]
+                                               only what would make that target fail, named before
+                                               Docker's own error (silent when all is well)
+       doctor.py name --image IMAGE [--user USER]
+                                               make run's default container name: a valid Docker name
+
+Standard library only, so the system python3 runs it before any virtualenv exists. It changes
+nothing: it reads `docker version/info/ps/image inspect`, binds each port and closes it at once,
+and runs one throwaway `docker run --rm --gpus all IMAGE nvidia-smi -L` (doctor only, and only
+when Docker has the NVIDIA runtime and the image is here).
+
+Every outside probe can be pointed elsewhere (tests/test_doctor.py drives each case this way):
+  --docker PATH (env DOCKER)           the docker client: tests use a fake with canned answers
+  --nvidia-smi PATH (env NVIDIA_SMI)   the host's nvidia-smi
+  --registry-probe URL                 what tells whether the base's registry answers
+  --infiniband DIR                     instead of /sys/class/infiniband
+  --memlock KIB|unlimited              instead of this process's RLIMIT_MEMLOCK
+  --disk-need-gb GB                    instead of BUILD_DISK_BYTES
+"""
+import argparse
+import json
+import os
+import pathlib
+import pwd
+import re
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import versions
+
+MIN_DOCKER = (20, 10)
+# From Docker 23 `docker build` is buildx: with DOCKER_BUILDKIT=1 and no buildx plugin it stops
+# ("BuildKit is enabled but the buildx component is missing or broken"). Older clients (Debian's
+# 20.10) drive the daemon's built-in BuildKit themselves.
+BUILDX_FROM_MAJOR = 23
+# Free space a cold `make build` needs under DockerRootDir. Measured on the project's 2-core host
+# (Debian stand-in base, 2026-12-03): the runtime image 6.74 GB (`docker image inspect` Size),
+# plus what stays in the build cache and is not part of the image (`docker system df -v`): the
+# builder stage's venv layer 6.11 GB, its apt layer 0.47 GB and the pip/apt cache mounts 0.27 GB;
+# 13.6 GB in all after the build. While pip installs, its ~3 GB of downloaded wheels sit next to
+# the unpacked venv (README: Measured figures), so the peak is about 17 GB.
+BUILD_DISK_BYTES = 17 * 10**9
+# NCCL's InfiniBand transport pins (ibv_reg_mr) host buffers for every peer and channel; NVIDIA's
+# and Mellanox's guides ask for an unlimited memlock. A limit this large behaves the same.
+MEMLOCK_LARGE = 64 * 2**30
+PROBE_TIMEOUT = 3.0       # registry reachability: a reachable registry answers well within this
+DOCKER_TIMEOUT = 15.0     # docker version/info/ps/image inspect answer in well under a second
+GPU_RUN_TIMEOUT = 60.0    # one `docker run --rm ... nvidia-smi -L`
+# Docker's container names (daemon/names: RestrictedNamePattern).
+VALID_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+
+OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
+
+
+class Row:
+    def __init__(self, status, check, finding, fix=()):
+        self.status, self.check, self.finding = status, check, finding
+        self.fix = [fix] if isinstance(fix, str) else list(fix)
+
+
+def version_tuple(text):
+    """'20.10.24+dfsg1' -> (20, 10, 24); '525.60.13' -> (525, 60, 13); None when no number."""
+    nums = re.findall(r"\d+", (text or "").split("+")[0].split("-")[0])
+    return tuple(int(n) for n in nums) or None
+
+
+def sanitise(text):
+    """Runs of characters Docker refuses in a name become one dash; no dash, dot or underscore
+    at either end (Docker wants a letter or digit first; a trailing dash reads as a lost part)."""
+    return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-_.")
+
+
+def container_name(image, user):
+    """IMAGE-USER as a valid Docker name: a namespace or tag (ml/team-dl:dev) becomes dashes, an
+    unset USER (root shells, CI, sudo) falls back to the account name (`id -un`), and no name
+    ever ends in a dash."""
+    if not user:
+        try:
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:  # a UID with no passwd entry (docker run --user 1234): no suffix
+            user = ""
+    name = "-".join(p for p in (sanitise(image), sanitise(user)) if p)
+    return name if VALID_NAME.match(name) else f"team-dl-{name}".strip("-")
+
+
+class Host:
+    """The probes, each run at most once; every one can be redirected by an option."""
+
+    def __init__(self, opts):
+        self.o = opts
+        self._info = self._ps = self._client = self._smi = None
+        self._images = {}
+
+    def docker(self, *args, timeout=DOCKER_TIMEOUT):
+        try:
+            r = subprocess.run([self.o.docker, *args], capture_output=True, text=True,
+                               timeout=timeout, check=False)
+        except FileNotFoundError:
+            return 127, "", f"{self.o.docker}: not found"
+        except PermissionError:
+            return 126, "", f"{self.o.docker}: not executable"
+        except subprocess.TimeoutExpired:
+            return 124, "", f"`docker {' '.join(args)}` gave no answer in {timeout:.0f} s"
+        return r.returncode, r.stdout, r.stderr
+
+    def client_version(self):
+        # Printed by the client itself, even when the daemon does not answer.
+        if self._client is None:
+            _, out, _ = self.docker("version", "--format", "{{.Client.Version}}")
+            self._client = [out.strip().splitlines()[0] if out.strip() else None]
+        return self._client[0]
+
+    def info(self):
+        """(docker info as a dict, None) or (None, the error)."""
+        if self._info is None:
+            rc, out, err = self.docker("info", "--format", "{{json .}}")
+            data = None
+            try:
+                data = json.loads(out) if rc == 0 else None
+            except ValueError:
+                err = f"docker info printed no JSON: {out[:200]!r}"
+            if data is not None and not data.get("ServerVersion"):
+                data, err = None, (data.get("ServerErrors") or [err or "no ServerVersion"])[0]
+            self._info = (data, None) if data is not None else (None, (err or out).strip())
+        return self._info
+
+    def image_present(self, ref):
+        if ref not in self._images:
+            rc, _, _ = self.docker("image", "inspect", "--format", "{{.Id}}", ref)
+            self._images[ref] = rc == 0
+        return self._images[ref]
+
+    def containers(self):
+        """Every container (running or not) as docker ps's JSON lines."""
+        if self._ps is None:
+            rc, out, _ = self.docker("ps", "-a", "--format", "{{json .}}")
+            self._ps = []
+            for line in out.splitlines() if rc == 0 else []:
+                try:
+                    self._ps.append(json.loads(line))
+                except ValueError:
+                    pass
+        return self._ps
+
+    def nvidia_smi(self):
+        """(rc, stdout, stderr) of the host's nvidia-smi query; None when there is none."""
+        if self._smi is None:
+            self._smi = [self._nvidia_smi()]
+        return self._smi[0]
+
+    def _nvidia_smi(self):
+        exe = self.o.nvidia_smi
+        if not exe or not (os.path.isfile(exe) or shutil.which(exe)):
+            return None
+        try:
+            r = subprocess.run([exe, "--query-gpu=driver_version,name", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=DOCKER_TIMEOUT, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return 1, "", str(e)
+        return r.returncode, r.stdout, r.stderr
+
+    def memlock(self):
+        """This process's memlock soft limit in bytes; None = unlimited."""
+        if self.o.memlock is not None:
+            return None if self.o.memlock == "unlimited" else int(self.o.memlock) * 1024
+        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        return None if soft == resource.RLIM_INFINITY else soft
+
+
+def gb(n):
+    return f"{n / 1e9:.1f} GB"
+
+
+def short(ref, n=60):
+    return ref if len(ref) <= n else ref[:n - 1] + "…"
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def check_docker(h):
+    """Docker client and engine, each >= 20.10, and a daemon that answers."""
+    client = h.client_version()
+    if client is None:
+        _, _, err = h.docker("version")
+        return [Row(FAIL, "docker", f"no Docker client at {h.o.docker} ({err.strip()[:120]})",
+                    [("install Docker Engine >= 20.10: apt-get install docker.io "
+                     "(or https://docs.docker.com/engine/install/)"),
+                     "or point the Makefile at your client: make ... DOCKER=/path/to/docker"])]
+    info, err = h.info()
+    if info is None:
+        if "permission denied" in err.lower():
+            fix = [("let your user use Docker: sudo usermod -aG docker \"$(id -un)\", then log in "
+                   "again (or run make as root)")]
+        elif "cannot connect" in err.lower() or "daemon running" in err.lower():
+            fix = ["start the daemon: sudo systemctl start docker (no systemd: sudo dockerd &)"]
+        else:
+            fix = ["run `docker info` and fix what it reports; every other check needs it"]
+        return [Row(FAIL, "docker", f"client {client}, but the daemon does not answer: "
+                    f"{err.splitlines()[0] if err else 'no output'}", fix)]
+    server = info.get("ServerVersion", "?")
+    old = [f"{who} {v}" for who, v in (("client", client), ("engine", server))
+           if (version_tuple(v) or (0,))[:2] < MIN_DOCKER]
+    if old:
+        return [Row(FAIL, "docker", f"{' and '.join(old)} older than 20.10 (BuildKit cache and "
+                    "secret mounts, --gpus)",
+                    "upgrade Docker to >= 20.10: apt-get install docker.io (Debian 12, Ubuntu "
+                    "22.04) or https://docs.docker.com/engine/install/")]
+    return [Row(OK, "docker", f"client {client}, engine {server} (>= 20.10)")]
+
+
+def check_buildkit(h):
+    client = version_tuple(h.client_version()) or (0,)
+    info, _ = h.info()
+    plugins = [p.get("Name") for p in ((info or {}).get("ClientInfo") or {}).get("Plugins") or []]
+    if client[0] < BUILDX_FROM_MAJOR:
+        extra = " (buildx is here too)" if "buildx" in plugins else "; no buildx needed"
+        return [Row(OK, "buildkit", f"the {client[0]}.{client[1] if len(client) > 1 else 0} "
+                    f"client builds with DOCKER_BUILDKIT=1, which the Makefile sets{extra}")]
+    if "buildx" in plugins:
+        return [Row(OK, "buildkit", "buildx plugin present (Docker >= 23 builds through it)")]
+    return [Row(FAIL, "buildkit", f"Docker {client[0]} builds through the buildx plugin and it is "
+                "missing: make build stops with \"BuildKit is enabled but the buildx component "
+                "is missing or broken\"",
+                "install it: apt-get install docker-buildx-plugin (Docker's apt repository) or "
+                "docker-buildx (Debian/Ubuntu's); check with: docker buildx version")]
+
+
+TOOLKIT_FIX = ("install the NVIDIA Container Toolkit (https://docs.nvidia.com/datacenter/"
+               "cloud-native/container-toolkit/), then: sudo nvidia-ctk runtime configure "
+               "--runtime=docker && sudo systemctl restart docker")
+
+
+def driver_facts(h):
+    """(driver version text, [GPU names]) from the host's nvidia-smi, or (None, reason)."""
+    r = h.nvidia_smi()
+    if r is None:
+        return None, "no nvidia-smi on this host"
+    rc, out, err = r
+    lines = [ln.split(",", 1) for ln in out.strip().splitlines() if "," in ln]
+    if rc != 0 or not lines:
+        said = (err or out).strip().splitlines() or [f"exit code {rc}"]
+        return None, f"nvidia-smi failed: {said[0]}"
+    return lines[0][0].strip(), [ln[1].strip() for ln in lines]
+
+
+def check_driver(h, row):
+    driver, names = driver_facts(h)
+    if driver is None:
+        if names.startswith("no nvidia-smi"):
+            return [Row(SKIP, "driver", "no nvidia-smi on this host (no NVIDIA driver): "
+                        "containers run on the CPU")]
+        return [Row(WARN, "driver", names,
+                    "the driver is installed but not working: check `nvidia-smi`, dmesg; a "
+                    "reboot after a driver upgrade is the usual fix")]
+    need = row["min_driver"]
+    gpus = f"{len(names)} GPU(s): {', '.join(sorted(set(names)))}"
+    if (version_tuple(driver) or (0,)) < version_tuple(need):
+        return [Row(FAIL, "driver", f"driver {driver} < {need} (versions.json min_driver), {gpus}:"
+                    " the NVIDIA toolkit refuses to start the image (NVIDIA_REQUIRE_CUDA)",
+                    [f"install an NVIDIA driver >= {need} for CUDA {row['cuda']}, then reboot",
+                     ("CUDA forward compatibility (cuda-compat) is no way round it: GeForce/RTX "
+                     "GPUs cannot use it, and the image carries none")])]
+    return [Row(OK, "driver", f"driver {driver} >= {need} (versions.json min_driver), {gpus}")]
+
+
+def cdi_nvidia_specs(info):
+    found = []
+    for d in info.get("CDISpecDirs") or []:
+        p = pathlib.Path(d)
+        for f in sorted(p.glob("*.json")) + sorted(p.glob("*.yaml")) if p.is_dir() else []:
+            try:
+                if "nvidia.com/gpu" in f.read_text(errors="replace"):
+                    found.append(str(f))
+            except OSError:
+                pass
+    return found
+
+
+def check_runtime(h):
+    info, _ = h.info()
+    if info is None:
+        return [Row(SKIP, "nvidia runtime", "needs a working `docker info`")]
+    runtimes = sorted(info.get("Runtimes") or {})
+    cdi = cdi_nvidia_specs(info)
+    if "nvidia" in runtimes:
+        via = f"; CDI specs: {', '.join(cdi)}" if cdi else ""
+        return [Row(OK, "nvidia runtime", f"registered (make run adds --gpus all){via}")]
+    host_gpu = driver_facts(h)[0] is not None
+    if cdi:
+        return [Row(WARN, "nvidia runtime", f"CDI specs for nvidia.com/gpu ({', '.join(cdi)}) but "
+                    "no nvidia runtime in `docker info`: make run adds --gpus all only with it",
+                    "sudo nvidia-ctk runtime configure --runtime=docker && "
+                    "sudo systemctl restart docker")]
+    where = ("this host has an NVIDIA driver, but " if host_gpu else "")
+    return [Row(WARN, "nvidia runtime", f"{where}Docker has no nvidia runtime (Runtimes: "
+                f"{', '.join(runtimes) or 'none'}) and no CDI spec: make run starts without GPUs",
+                TOOLKIT_FIX if host_gpu else f"on a host with an NVIDIA GPU: {TOOLKIT_FIX}")]
+
+
+def check_gpu_container(h, image):
+    info, _ = h.info()
+    if info is None or "nvidia" not in (info.get("Runtimes") or {}):
+        return [Row(SKIP, "gpu container", "skipped: Docker has no nvidia runtime")]
+    if not h.image_present(image):
+        return [Row(SKIP, "gpu container", f"skipped: {image} is not here yet (make build)")]
+    rc, out, err = h.docker("run", "--rm", "--gpus", "all", "--entrypoint", "nvidia-smi",
+                            image, "-L", timeout=GPU_RUN_TIMEOUT)
+    gpus = [ln for ln in out.splitlines() if ln.startswith("GPU ")]
+    if rc == 0 and gpus:
+        return [Row(OK, "gpu container", f"{len(gpus)} GPU(s) visible in {image}")]
+    said = (err or out).strip().splitlines()
+    said = said[-1] if said else f"exit code {rc}"
+    if "unsatisfied condition" in said:
+        fix = "the host driver is older than the image needs: see the driver row"
+    else:
+        fix = TOOLKIT_FIX
+    return [Row(FAIL, "gpu container", f"docker run --gpus all {image} nvidia-smi -L: {said[:200]}",
+                fix)]
+
+
+def check_disk(h, image):
+    info, _ = h.info()
+    if info is None:
+        return [Row(SKIP, "disk", "needs a working `docker info` (DockerRootDir)")]
+    root = info.get("DockerRootDir") or "/var/lib/docker"
+    host = os.environ.get("DOCKER_HOST", "")
+    if host and not host.startswith("unix://"):
+        return [Row(SKIP, "disk", f"the daemon is remote ({host}): check free space in its "
+                    f"{root} there (a build needs ~{gb(h.o.disk_need)})")]
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError as e:
+        return [Row(SKIP, "disk", f"cannot see {root} from here ({e.strerror}; Docker in a VM?): "
+                    f"a build needs ~{gb(h.o.disk_need)} free there")]
+    need = h.o.disk_need
+    if free >= need:
+        return [Row(OK, "disk", f"{gb(free)} free in {root} (a cold build needs ~{gb(need)})")]
+    fix = [(f"free {gb(need - free)} or more in {root}: docker builder prune (build cache), "
+           "docker image prune (dangling images); `docker system df` shows what uses it"),
+           "or move Docker's data: data-root in /etc/docker/daemon.json"]
+    if h.image_present(image):
+        return [Row(WARN, "disk", f"{gb(free)} free in {root}: enough to run {image}, which is "
+                    f"here, but a rebuild needs ~{gb(need)}", fix)]
+    return [Row(FAIL, "disk", f"{gb(free)} free in {root}; building {image} needs ~{gb(need)}",
+                fix)]
+
+
+def registry_of(ref):
+    """Which registry a reference is pulled from (Docker's rules for the first path part)."""
+    name = ref.split("@")[0]
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first if first not in ("docker.io", "index.docker.io") else "registry-1.docker.io"
+    return "registry-1.docker.io"
+
+
+def probe(url, proxy):
+    """None when something answers HTTP(S) at url within PROBE_TIMEOUT, else why not. Any HTTP
+    status counts (a registry says 401 to anonymous /v2/); so does a TLS handshake error (a plain
+    HTTP registry): only no answer at all means unreachable."""
+    result = [f"no answer in {PROBE_TIMEOUT:.0f} s"]
+    # Through the daemon's proxy, not this shell's: the daemon pulls, not this script.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler(
+        {"http": proxy, "https": proxy} if proxy else {}))
+
+    def run():
+        try:
+            opener.open(urllib.request.Request(url, method="HEAD"), timeout=PROBE_TIMEOUT)
+            result[0] = None
+        except urllib.error.HTTPError:
+            result[0] = None
+        except urllib.error.URLError as e:
+            reason = e.reason
+            if "ssl" in type(reason).__name__.lower() or "SSL" in str(reason):
+                result[0] = None
+            else:
+                result[0] = str(getattr(reason, "strerror", None) or reason)
+        except OSError as e:  # timeouts, resets, a proxy that refuses the tunnel
+            # 407: the daemon's proxy answered but wants the credentials `docker info` masks.
+            result[0] = None if "407" in str(e) else (str(e) or type(e).__name__)
+
+    # A thread bounds name resolution too, which the socket timeout does not cover.
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(PROBE_TIMEOUT + 0.5)
+    return result[0]
+
+
+def standin_fix(h, target):
+    s = versions.DATA["standin"]
+    fix = []
+    if h.image_present(s["image"]):
+        fix.append(f"the Debian stand-in {s['image']} is already here; use it as the base:")
+    else:
+        fix.append("make the Debian stand-in base (README: Air-gapped hosts; needs root and "
+                   "debootstrap, ~30 s), then build on it:")
+        fix.append("  make base-standin")
+    fix.append(f"  make {target} BASE_IMAGE={s['image']} PYTHON_VERSION={s['python']}")
+    fix.append("or load the real base from a connected host (docker save | docker load), or set "
+               "BASE_IMAGE to your registry's copy (make mirror-base)")
+    return fix
+
+
+def check_base(h, image, base, target, image_suffices=False):
+    """The base is here, or its registry answers; else the stand-in route. image_suffices: only
+    a warning when the image itself is here (make run starts it without building)."""
+    if h.image_present(base):
+        return [Row(OK, "base image", f"{short(base)} is here")]
+    info, _ = h.info()
+    info = info or {}
+    registry = registry_of(base)
+    url = h.o.registry_probe
+    if not url:
+        mirrors = (info.get("RegistryConfig") or {}).get("Mirrors") or []
+        if registry == "registry-1.docker.io" and mirrors:
+            # The daemon pulls Docker Hub images through its mirror: probe that instead.
+            registry = mirrors[0].rstrip("/").split("://")[-1]
+            url = mirrors[0].rstrip("/") + "/v2/"
+        else:
+            url = f"https://{registry}/v2/"
+    why = probe(url, info.get("HttpsProxy") or info.get("HttpProxy") or "")
+    if why is None:
+        return [Row(OK, "base image", f"{short(base)} is not here; {registry} answers, so the "
+                    "build pulls it")]
+    finding = f"{short(base)} is not here and {registry} cannot be reached ({why})"
+    if image_suffices and h.image_present(image):
+        return [Row(WARN, "base image", finding + f": make run works ({image} is here), "
+                    "make build would not", standin_fix(h, "build"))]
+    return [Row(FAIL, "base image", finding, standin_fix(h, target))]
+
+
+def port_holders(h, port):
+    """Names of containers publishing host port `port`."""
+    rx = re.compile(rf"(?:^|[\s,])[\w.:\[\]]*:{port}->")
+    return [c.get("Names", "?") for c in h.containers()
+            if c.get("State") == "running" and rx.search(c.get("Ports") or "")]
+
+
+def port_free(port):
+    """Can make run's `-p PORT:...` bind it? Docker binds every address, as this does; address
+    reuse on, as Docker's proxy has it, so only a listener (not TIME_WAIT) counts as taken."""
+    for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this host
+            continue
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind((addr, port))
+        except OSError as e:
+            if e.errno != 99:  # EADDRNOTAVAIL: IPv6 disabled, not a taken port
+                return False
+        finally:
+            s.close()
+    return True
+
+
+def check_ports(h, ports, container, strict):
+    rows = []
+    others = {p for _, p in ports}
+    for var, port in ports:
+        if not 1 <= port <= 65535:
+            rows.append(Row(FAIL, f"port {port}", f"{var}={port} is not a TCP port",
+                            f"make run {var}=<1..65535>"))
+            continue
+        if port_free(port):
+            rows.append(Row(OK, f"port {port}", f"{var}={port} is free"))
+            continue
+        nxt = next((p for p in range(port + 1, min(port + 200, 65536))
+                    if p not in others and port_free(p)), None)
+        holders = port_holders(h, port)
+        by = f" by container {', '.join(holders)}" if holders else " by another program"
+        fix = [f"make run {var}={nxt}" + (" (the next free port)" if nxt else "")]
+        if holders and container in holders:
+            rows.append(Row(FAIL if strict else WARN, f"port {port}",
+                            f"{var}={port} is taken by your running {container}",
+                            ["make stop, then make run again; or make logs for its URL"] + fix))
+            continue
+        if holders:
+            fix.append(f"or stop that container: docker stop {holders[0]}")
+        else:
+            fix.append(f"or find the program: ss -ltnp 'sport = :{port}'")
+        rows.append(Row(FAIL, f"port {port}", f"{var}={port} is in use{by}", fix))
+    return rows
+
+
+def check_container(h, container, strict):
+    if not VALID_NAME.match(container):
+        good = sanitise(container)
+        good = good if VALID_NAME.match(good) else f"team-dl-{good}".strip("-")
+        return [Row(FAIL, "container name", f"CONTAINER={container!r} is not a valid Docker name "
+                    "(letters, digits, _ . -; starting with a letter or digit)",
+                    f"make run CONTAINER={good}")]
+    same = [c for c in h.containers() if c.get("Names") == container]
+    if not same:
+        return [Row(OK, "container name", f"{container} (no container of that name yet)")]
+    c = same[0]
+    if c.get("State") == "running":
+        return [Row(FAIL if strict else WARN, "container name",
+                    f"{container} is already running ({c.get('Status', '')}, {c.get('Image', '')})",
+                    [(f"reach it: make logs (the ==> READY line has the JupyterLab URL), or "
+                     f"docker attach {container}"),
+                     "stop it: make stop",
+                     ("or start a second one: make run CONTAINER=<other name> PORT_JUPYTER=<port> "
+                     "PORT_SSH=<port>")])]
+    return [Row(FAIL if strict else WARN, "container name",
+                f"a stopped container named {container} exists ({c.get('Status', '')})",
+                "remove it: make stop (or docker rm " + container + ")")]
+
+
+def check_shm(_h):
+    return [Row(OK, "/dev/shm", "make run, shell and smoke pass --shm-size=8g (Docker's default, "
+                "64 MiB, starves DataLoader workers; plain docker run: --shm-size=8g or --ipc=host)")]
+
+
+def check_memlock(h):
+    ib = pathlib.Path(h.o.infiniband)
+    devices = sorted(p.name for p in ib.iterdir()) if ib.is_dir() else []
+    if not devices:
+        return [Row(SKIP, "memlock", f"no InfiniBand devices ({ib} is empty or absent)")]
+    limit = h.memlock()
+    shown = "unlimited" if limit is None else f"{limit // 1024} KiB"
+    if limit is None or limit >= MEMLOCK_LARGE:
+        return [Row(OK, "memlock", f"InfiniBand ({', '.join(devices)}); ulimit -l: {shown}")]
+    return [Row(WARN, "memlock", f"InfiniBand ({', '.join(devices)}) but ulimit -l is {shown}: "
+                "NCCL over IB fails to register memory (ibv_reg_mr) in a container that "
+                "inherits it", ["docker run ... --ulimit memlock=-1 (plus --device=/dev/infiniband)",
+                                ("for make run: set it for every container in /etc/docker/"
+                                "daemon.json: \"default-ulimits\": {\"memlock\": {\"Name\": "
+                                "\"memlock\", \"Soft\": -1, \"Hard\": -1}}, then restart docker")])]
+
+
+# ---------------------------------------------------------------- the commands
+
+
+def doctor(h, o, row):
+    rows = check_docker(h)
+    docker_ok = rows[0].status == OK
+    if docker_ok:
+        rows += check_buildkit(h)
+    rows += check_driver(h, row) + check_runtime(h)
+    if docker_ok:
+        rows += check_gpu_container(h, o.image)
+        rows += check_disk(h, o.image)
+        rows += check_base(h, o.image, o.base, "run", image_suffices=True)
+    rows += check_ports(h, o.ports, o.container, strict=False)
+    if docker_ok:
+        rows += check_container(h, o.container, strict=False)
+    rows += check_shm(h) + check_memlock(h)
+    return rows
+
+
+def preflight(h, o, row):
+    """What would make `make <target>` fail; fast (no container is started)."""
+    rows = check_docker(h)
+    if rows[0].status != OK:
+        return rows
+    building = o.target == "build" or not h.image_present(o.image)
+    if o.target == "run":
+        rows += check_container(h, o.container, strict=True)
+        rows += check_ports(h, o.ports, o.container, strict=True)
+    if building:
+        rows += check_buildkit(h) + check_base(h, o.image, o.base, o.target)
+    return rows
+
+
+def print_table(rows, header, quiet):
+    shown = [r for r in rows if not quiet or r.status in (WARN, FAIL)]
+    if not shown:
+        return
+    width = max(len(r.check) for r in shown) + 2
+    indent = " " * (2 + 6 + width)
+    # Prose wraps to the terminal; a line that starts with spaces is a command to copy: kept whole.
+    cols = max(80, min(shutil.get_terminal_size((110, 24)).columns, 130)) - len(indent)
+
+    def wrap(text, first, more):
+        if text.startswith(" "):
+            return [first + text]
+        lines = textwrap.wrap(text, cols - len(more), break_long_words=False,
+                              break_on_hyphens=False)
+        return [first + lines[0]] + [indent + more + ln for ln in lines[1:]]
+
+    if header:
+        print(header)
+    for r in shown:
+        out = wrap(r.finding, f"  {r.status:<5} {r.check:<{width}}", "")
+        for i, line in enumerate(r.fix):
+            out += wrap(line, indent + ("fix: " if i == 0 else "     "), "     ")
+        print("\n".join(out))
+
+
+def port_arg(text):
+    var, _, value = text.rpartition("=")
+    try:
+        return (var or "PORT", int(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want VAR=PORT, got {text!r}") from None
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("command", choices=("doctor", "preflight", "name"))
+    p.add_argument("--row", default=os.environ.get("ROW") or None, help="versions.json row")
+    p.add_argument("--for", dest="target", choices=("run", "build"), default="run")
+    p.add_argument("--docker", default=os.environ.get("DOCKER") or "docker")
+    p.add_argument("--nvidia-smi", default=os.environ.get("NVIDIA_SMI", "nvidia-smi"))
+    p.add_argument("--image", help="the image make run starts (REF); for name: IMAGE")
+    p.add_argument("--base", default=None, help="BASE_IMAGE")
+    p.add_argument("--user", default=None, help="for name: $USER (empty: the account name)")
+    p.add_argument("--container", default=None)
+    p.add_argument("--port", dest="ports", action="append", type=port_arg,
+                   help="VAR=PORT that make run publishes (repeat)")
+    p.add_argument("--registry-probe", default=None)
+    p.add_argument("--infiniband", default="/sys/class/infiniband")
+    p.add_argument("--memlock", default=None)
+    p.add_argument("--disk-need-gb", type=float, default=None)
+    o = p.parse_args(argv)
+    row = versions.row(o.row)
+    if o.command == "name":
+        return o, row
+    o.image = o.image or f"team-dl:{versions.tag(row)}"
+    o.base = o.base or versions.base_image(row)
+    o.container = o.container or container_name(
+        o.image.rsplit("/", 1)[-1].split(":")[0], os.environ.get("USER", ""))
+    o.ports = o.ports or [("PORT_JUPYTER", 8888), ("PORT_SSH", 2222)]
+    o.disk_need = BUILD_DISK_BYTES if o.disk_need_gb is None else o.disk_need_gb * 1e9
+    return o, row
+
+
+def main(argv):
+    o, row = parse(argv)
+    if o.command == "name":
+        if not o.image:
+            sys.exit("doctor.py name: --image IMAGE is required")
+        print(container_name(o.image, o.user if o.user is not None else os.environ.get("USER")))
+        return 0
+    start = time.monotonic()
+    h = Host(o)
+    if o.command == "doctor":
+        rows = doctor(h, o, row)
+        print_table(rows, f"make doctor: this host, for {o.image}\n"
+                          f"  (base {short(o.base, 70)}; versions.json row {row['name']})\n", False)
+    else:
+        rows = preflight(h, o, row)
+        print_table(rows, f"make {o.target}: stopped before Docker, by scripts/doctor.py preflight:"
+                    if any(r.status == FAIL for r in rows) else f"make {o.target}: preflight",
+                    True)
+    fails = sum(r.status == FAIL for r in rows)
+    warns = sum(r.status == WARN for r in rows)
+    if o.command == "doctor":
+        verdict = "all good" if not fails and not warns else (
+            f"{fails} to fix (FAIL), {warns} warning(s) (WARN): each has its fix above")
+        print(f"\n{verdict}. ({time.monotonic() - start:.1f} s)")
+    elif fails:
+        print("  (all host checks: make doctor; skip this one: PREFLIGHT=0)")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
