@@ -3,6 +3,7 @@
 Resumable (SIGTERM-safe checkpoints), runs unchanged under torchrun (DDP), and --compare
 measures what AMP buys on this machine: FP32 vs AMP, as a table, JSON and a PNG chart."""
 import argparse
+import collections
 import contextlib
 import datetime
 import difflib
@@ -12,6 +13,7 @@ import math
 import os
 import pathlib
 import random
+import re
 import shutil
 import signal
 import sys
@@ -32,6 +34,11 @@ CKPT_FORMAT = "train_amp/1"
 RESUME_KEYS = ("model", "data", "num_classes", "image_size", "batch_size", "world_size",
                "amp", "seed", "lr")
 GiB = 2 ** 30
+MiB = 2 ** 20
+# Exit statuses besides 0 (done, or stopped by SIGTERM after saving) and 1 (a bug: traceback).
+EXIT_USAGE, EXIT_DIVERGED, EXIT_SAVE_FAILED = 2, 3, 4
+# The one file name the start-up write test uses (and removes again).
+PROBE_NAME = ".train_amp-write-test.tmp"
 
 EPILOG = """\
 examples:
@@ -49,15 +56,41 @@ a GradScaler (scale -> backward -> unscale_ -> clip_grad_norm_ -> step -> update
 FP32's range and needs none. --amp auto picks bf16 where the GPU has it (Ampere and newer),
 else fp16; on CPU it means bf16 autocast. SIGTERM (docker stop, a scheduler's preemption)
 saves a checkpoint at the end of the current step and exits 0; --resume continues there.
-Errors in the command line exit with status 2 and a one-line fix."""
+
+checkpoints: a run never replaces another run's CHECKPOINT_DIR/last.pt by surprise: if one is
+there, add --resume to continue it, give another --checkpoint-dir for a new run, or add
+--overwrite to replace it (at this run's first save). A save goes to last.tmp, is fsynced,
+then renamed over last.pt, so a kill or a full disk leaves the previous last.pt intact; a
+last.tmp left by a kill -9 is removed at the next start. The directory is created and
+write-tested before any training. A checkpoint is never written from non-finite weights.
+
+exit status: 0 done (or stopped by SIGTERM/Ctrl-C after saving); 2 a problem in the command
+line, the data or the checkpoint directory, with a one-line fix (also an unreadable image:
+--skip-bad-images skips those and counts them in each epoch's summary); 3 training diverged
+(the loss stayed NaN/inf; last.pt keeps the last good state); 4 a checkpoint could not be
+written (e.g. disk full; the previous last.pt is kept)."""
 
 
 class UsageError(Exception):
     """A problem the user can fix by changing the command line: one line, exit status 2."""
 
 
+class BadImageError(UsageError):
+    """An image file that cannot be read or decoded. Raised on the rank that read it, which
+    may not be rank 0, so every rank prints it (start-up usage errors print on rank 0 only)."""
+    any_rank = True
+
+
 class Stopped(Exception):
     """SIGTERM/SIGINT arrived; raised at a step boundary after the checkpoint is written."""
+
+
+class Diverged(Exception):
+    """The loss stayed non-finite (or the weights did): exit 3, last.pt left as it was."""
+
+
+class SaveFailed(Exception):
+    """A checkpoint could not be written (disk full, I/O error): exit 4, old last.pt kept."""
 
 
 # ----------------------------------------------------------------------------------------
@@ -71,6 +104,35 @@ def positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def non_negative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def finite_float(low, strict, example):
+    """An argparse type: a finite float >= low (> low when strict). float() alone accepts
+    'nan' and 'inf', and an --lr nan run trains on and saves NaN weights with exit 0."""
+    bound = f"{'>' if strict else '>='} {low:g}"
+
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number, e.g. {example}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}"
+                                             f" (e.g. {example})")
+        return value
+
+    parse.__name__ = "number"  # argparse names the type in some messages
+    return parse
 
 
 def build_parser():
@@ -94,13 +156,17 @@ def build_parser():
                         " its class folders)")
     g.add_argument("--synthetic-size", type=positive_int, default=4096,
                    help="images in the synthetic training set (default: 4096)")
-    g.add_argument("--num-workers", type=int, default=None,
+    g.add_argument("--num-workers", type=non_negative_int, default=None,
                    help="DataLoader worker processes (default: 0 for in-memory data, else"
                         " min(8, CPUs per process))")
     g.add_argument("--decode", choices=("workers", "device"), default="workers",
                    help="ImageFolder JPEGs: decode and augment in the DataLoader workers (PIL),"
                         " or only read files there and decode + augment on the training device"
                         " (nvJPEG on a GPU; for when the CPUs cannot keep up) (default: workers)")
+    g.add_argument("--skip-bad-images", action="store_true",
+                   help="ImageFolder: skip files that cannot be read or decoded (each named once"
+                        " in a warning; the count is in every epoch's summary line) instead of"
+                        " stopping at the first one with its name (default: stop)")
 
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=positive_int, default=1, help="epochs (default: 1)")
@@ -109,14 +175,15 @@ def build_parser():
                         " with --benchmark: measured steps (default 30)")
     g.add_argument("--batch-size", type=int, default=None,
                    help="images per step per process (default: 256; 64 for digits)")
-    g.add_argument("--lr", type=float, default=None,
+    g.add_argument("--lr", type=finite_float(0, True, "--lr 0.1"), default=None,
                    help="peak learning rate of SGD with momentum (default: 0.1 x global batch"
                         " / 256); linear warm-up then cosine decay, per step")
-    g.add_argument("--weight-decay", type=float, default=5e-5, help="(default: 5e-5)")
-    g.add_argument("--warmup-steps", type=int, default=None,
+    g.add_argument("--weight-decay", type=finite_float(0, False, "--weight-decay 5e-5"),
+                   default=5e-5, help="(default: 5e-5)")
+    g.add_argument("--warmup-steps", type=non_negative_int, default=None,
                    help="LR warm-up steps (default: 5%% of the steps); with --benchmark: untimed"
                         " steps before measuring (default: 10, 20 with --compile)")
-    g.add_argument("--grad-clip", type=float, default=1.0,
+    g.add_argument("--grad-clip", type=finite_float(0, False, "--grad-clip 1.0"), default=1.0,
                    help="clip the global gradient norm to this (after unscaling); 0 = off"
                         " (default: 1.0)")
     g.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
@@ -150,8 +217,13 @@ def build_parser():
     g = p.add_argument_group("checkpoints and logging")
     g.add_argument("--checkpoint-dir", default="checkpoints",
                    help="where last.pt is written at each epoch end, every --save-every steps"
-                        " and on SIGTERM (default: ./checkpoints; '' = never)")
-    g.add_argument("--save-every", type=int, default=0,
+                        " and on SIGTERM (default: ./checkpoints; '' = never). If it already"
+                        " holds a last.pt, the run stops unless --resume or --overwrite is given")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start a new run even though CHECKPOINT_DIR/last.pt exists: it is"
+                        " replaced at this run's first save (without this flag the run refuses"
+                        " to start, so an earlier run is never lost by accident)")
+    g.add_argument("--save-every", type=non_negative_int, default=0,
                    help="also save every N steps (default: 0 = epoch ends and SIGTERM only)")
     g.add_argument("--resume", nargs="?", const="auto", default=None, metavar="PATH",
                    help="continue from PATH (bare flag: CHECKPOINT_DIR/last.pt); a missing,"
@@ -440,6 +512,45 @@ def synthetic_split(n_train, num_classes, seed):
     return make(n_train), make(max(256, n_train // 8))
 
 
+# An ImageFolder sample that could not be read or decoded, returned by a DataLoader worker in
+# place of (image, label): an exception there would reach the main process as a traceback that
+# names neither the file nor the fix. The collate functions list these as (path, reason) and
+# to_device() hands them to BadImages, which stops naming the file or (--skip-bad-images)
+# counts them.
+BadSample = collections.namedtuple("BadSample", "path reason")
+
+
+def error_text(e):
+    """'Type: first line of the message', without the C++ source location torchvision adds."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {re.sub(r'^.*?[.](?:cpp|h):[0-9]+, ', '', first)[:200]}"
+
+
+class CheckedImageFolder(torchvision.datasets.ImageFolder):
+    """ImageFolder that returns BadSample(path, reason) for a file it cannot load."""
+
+    def __getitem__(self, i):
+        try:
+            return super().__getitem__(i)
+        except Exception as e:  # noqa: BLE001 - whatever PIL or a transform raises, the file is unusable
+            return BadSample(self.samples[i][0], error_text(e))
+
+
+def split_bad(batch):
+    """-> (the usable samples, [(path, reason)] of the BadSamples)."""
+    good = [b for b in batch if not isinstance(b, BadSample)]
+    return good, [(b.path, b.reason) for b in batch if isinstance(b, BadSample)]
+
+
+def collate_images(batch):
+    """((images or None, bad), labels): unreadable samples left out and listed in bad."""
+    good, bad = split_bad(batch)
+    if not good:
+        return (None, bad), torch.zeros(0, dtype=torch.int64)
+    x, y = torch.utils.data.default_collate(good)
+    return (x, bad), y
+
+
 class FileBytes(Dataset):
     """An ImageFolder's files, undecoded: for --decode device the workers only read files."""
 
@@ -451,14 +562,52 @@ class FileBytes(Dataset):
 
     def __getitem__(self, i):
         path, label = self.samples[i]
-        return torchvision.io.read_file(path), label
+        try:
+            return torchvision.io.read_file(path), label, path
+        except Exception as e:  # noqa: BLE001 - an unreadable file, named by the main process
+            return BadSample(path, error_text(e))
 
 
 def collate_bytes(batch):
+    """((flat bytes, lengths, paths, bad), labels): the paths name a file that fails to decode
+    on the device; unreadable files are left out and listed in bad."""
     # One flat tensor + lengths: a worker hands the main process one shared-memory block per
     # batch; a list of 256 small tensors would need 256 file descriptors ("Bad file descriptor").
-    lengths = torch.tensor([len(b[0]) for b in batch])
-    return (torch.cat([b[0] for b in batch]), lengths), torch.tensor([b[1] for b in batch])
+    good, bad = split_bad(batch)
+    lengths = torch.tensor([len(b[0]) for b in good], dtype=torch.int64)
+    flat = torch.cat([b[0] for b in good]) if good else torch.zeros(0, dtype=torch.uint8)
+    return ((flat, lengths, [b[2] for b in good], bad),
+            torch.tensor([b[1] for b in good], dtype=torch.int64))
+
+
+class BadImages:
+    """What to do with unreadable images: stop naming the first one, or (--skip-bad-images)
+    warn once per file and count them; take() hands over the count since the last take()."""
+
+    def __init__(self, args=None):
+        self.skip = bool(args and args.skip_bad_images)
+        self.device_decode = bool(args and args.decode == "device")
+        self.count, self.warned = 0, set()
+
+    def report(self, bad):
+        if not bad:
+            return
+        if not self.skip:
+            path, reason = bad[0]
+            hint = ("; --decode device reads JPEG files only (for other formats use --decode"
+                    " workers)" if self.device_decode else "")
+            raise BadImageError(f"cannot read image {path} ({reason}): delete or replace it, or"
+                                f" add --skip-bad-images to skip unreadable images{hint}")
+        self.count += len(bad)
+        for path, reason in bad:
+            if path not in self.warned:
+                self.warned.add(path)
+                print(f"{PROG}: warning: skipping unreadable image {path} ({reason})",
+                      file=sys.stderr, flush=True)
+
+    def take(self):
+        n, self.count = self.count, 0
+        return n
 
 
 class ImageFolderData:
@@ -472,8 +621,8 @@ class ImageFolderData:
         val_tf = T.Compose([T.Resize(int(image_size * 8 / 7), antialias=True),
                             T.CenterCrop(image_size), T.PILToTensor()])
         try:
-            self.train = torchvision.datasets.ImageFolder(str(train_dir), transform=train_tf)
-            self.val = (torchvision.datasets.ImageFolder(str(val_dir), transform=val_tf)
+            self.train = CheckedImageFolder(str(train_dir), transform=train_tf)
+            self.val = (CheckedImageFolder(str(val_dir), transform=val_tf)
                         if val_dir and val_dir.is_dir() else None)
         except (FileNotFoundError, OSError) as e:
             raise UsageError(f"--data {root}: no images found ({e}); an ImageFolder needs"
@@ -484,17 +633,35 @@ class ImageFolderData:
             self.val = FileBytes(self.val) if self.val is not None else None
 
 
-def decode_on_device(packed, train, image_size, device):
-    """--decode device: JPEG decode on the device (nvJPEG on a GPU, batched), then a random
-    resized crop + flip (train) or a centre crop (val), each image resized to image_size."""
+def decode_jpegs(datas, paths, device):
+    """Decode a batch on the device -> (images, indices of the decoded ones, [(path, reason)]).
+    One batched call (nvJPEG); only when that fails, one call per file to find the bad ones."""
     from torchvision.io import ImageReadMode, decode_jpeg
-    flat, lengths = packed
-    datas = list(torch.split(flat, lengths.tolist()))
     try:
-        imgs = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
-    except RuntimeError as e:
-        raise UsageError(f"--decode device could not decode a batch ({str(e).splitlines()[0]});"
-                         " only JPEG files decode on the device: use --decode workers") from None
+        return decode_jpeg(datas, mode=ImageReadMode.RGB, device=device), range(len(datas)), []
+    except RuntimeError:
+        pass
+    imgs, keep, bad = [], [], []
+    for i, (data, path) in enumerate(zip(datas, paths)):
+        try:
+            imgs.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
+            keep.append(i)
+        except RuntimeError as e:
+            bad.append((path, error_text(e)))
+    return imgs, keep, bad
+
+
+def decode_on_device(packed, train, image_size, device, bad_images=None):
+    """--decode device: JPEG decode on the device (nvJPEG on a GPU, batched), then a random
+    resized crop + flip (train) or a centre crop (val), each image resized to image_size.
+    -> (images, indices of the batch's samples they are): unreadable files go to bad_images."""
+    flat, lengths, paths, unread = packed
+    datas = list(torch.split(flat, lengths.tolist()))
+    imgs, keep, bad = decode_jpegs(datas, paths, device)
+    (bad_images or BadImages()).report(unread + bad)
+    if not imgs:
+        raise BadImageError(f"no image of a batch of {len(unread) + len(bad)} could be read"
+                            f" (the first: {(unread + bad)[0][0]}): check the data set")
     out = []
     for img in imgs:
         h, w = img.shape[-2:]
@@ -518,7 +685,7 @@ def decode_on_device(packed, train, image_size, device):
             crop = img[:, top:top + side, left:left + side]
         out.append(F.interpolate(crop[None].float(), size=(image_size, image_size),
                                  mode="bilinear", antialias=True, align_corners=False))
-    return torch.cat(out)
+    return torch.cat(out), keep
 
 
 def load_data(args):
@@ -537,12 +704,22 @@ def load_data(args):
             "bytes" if args.decode == "device" else "images")
 
 
-def to_device(x, y, kind, image_size, device, channels_last, train=True):
-    y = y.to(device, non_blocking=True)
+def to_device(x, y, kind, image_size, device, channels_last, train=True, bad_images=None):
+    """A loader batch -> (normalised images, labels) on the device. For ImageFolder data the
+    unreadable samples are dropped (and reported to bad_images, which may stop the run)."""
+    if kind == "images":
+        x, bad = x
+        (bad_images or BadImages()).report(bad)
+        if x is None:
+            raise BadImageError(f"no image of a batch of {len(bad)} could be read (the first:"
+                                f" {bad[0][0]}): check the data set")
     if kind == "bytes":
         mean, std = _norm_on(device)
-        x = (decode_on_device(x, train, image_size, device).div_(255) - mean) / std
-    else:
+        x, keep = decode_on_device(x, train, image_size, device, bad_images)
+        y = y[list(keep)] if len(keep) != len(y) else y
+        x = (x.div_(255) - mean) / std
+    y = y.to(device, non_blocking=True)
+    if kind != "bytes":
         x = x.to(device, non_blocking=True)
     if kind == "lowres":
         x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
@@ -657,13 +834,186 @@ def set_rng_state(st):
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
+def temp_path(path):
+    """Where a checkpoint is written before the rename: CHECKPOINT_DIR/last.tmp."""
+    return pathlib.Path(path).with_suffix(".tmp")
+
+
+def fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tensor_bytes(obj):
+    """Bytes of all tensors in a nested dict/list: about the size of the checkpoint file."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
 def save_checkpoint(path, state):
-    """Write to a temp file then rename: a kill mid-write leaves the old last.pt intact."""
+    """Write last.tmp, fsync it, rename it over last.pt: a kill or a full disk mid-write leaves
+    the old last.pt intact. A failed write removes last.tmp (a full disk would otherwise stay
+    full) and raises SaveFailed naming the directory and its free space."""
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    tmp = temp_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, tmp)
+        # Some file systems (NFS, overlays) report a full disk only when the data is flushed:
+        # fsync here, or the rename could put a short file in place of a good one.
+        fsync(tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as a RuntimeError
+        while e.__context__ is not None:  # the first failure says most ("file write failed")
+            e = e.__context__
+        reason = error_text(e)
+    else:
+        with contextlib.suppress(OSError):  # the rename durable too; not every FS can fsync a dir
+            fsync(path.parent)
+        return
+    # Out of the except block: the exception's traceback kept torch.save's writer, and so
+    # last.tmp, open; only now does removing it give the space back.
+    with contextlib.suppress(OSError):
+        tmp.unlink(missing_ok=True)
+    raise SaveFailed(save_failure(path, tensor_bytes(state), reason))
+
+
+def save_failure(path, need, reason):
+    folder = path.parent
+    try:
+        du = shutil.disk_usage(folder)
+        space, full = f"{folder} has {du.free / MiB:.0f} MiB free of {du.total / MiB:.0f}", (
+            du.free < need)
+    except OSError:
+        space, full = f"the free space in {folder} is unknown", False
+    held = checkpoint_summary(path)
+    kept = (f"{path} still holds {held}: --resume continues from it once there is room" if held
+            else f"there is no earlier {path.name}")
+    return (f"could not write a checkpoint to {folder}{': the disk is full' if full else ''}"
+            f" ({reason}). {space} MiB, and a checkpoint needs about {need / MiB:.0f} MiB"
+            f" beside the previous one until it replaces it. The partial {temp_path(path).name}"
+            f" was removed and {kept}. Free space there, or give another --checkpoint-dir")
+
+
+def checkpoint_summary(path):
+    """'global step N (...)' for a readable checkpoint file, else None (missing or corrupt).
+    mmap: only the small pickled part is read, however large the weights."""
+    try:
+        c = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        step, epoch, gs = c["step_in_epoch"], c["epoch"], c["global_step"]
+    except Exception:  # noqa: BLE001 - unreadable for whatever reason: say nothing about it
+        return None
+    return (f"global step {gs}, epoch {epoch + 1} step {step}" if step else
+            f"global step {gs}, end of epoch {epoch}")
+
+
+def check_checkpoint_dir(args, d):
+    """Before any work: refuse to replace another run's last.pt by surprise, prove that the
+    directory can be written (not only after the whole training), and remove a last.tmp that a
+    killed save left (it can hold gigabytes). Rank 0 only: it is the only writer."""
+    if args.overwrite and args.resume:
+        raise UsageError("--overwrite starts a new run over CHECKPOINT_DIR/last.pt and --resume"
+                         " continues it: give one of them")
+    if not args.checkpoint_dir or args.benchmark or args.compare or not d.main:
+        return  # --benchmark and --compare write no checkpoints
+    folder = pathlib.Path(args.checkpoint_dir)
+    last = folder / "last.pt"
+    if last.exists() and not (args.resume or args.overwrite):
+        held = checkpoint_summary(last)
+        raise UsageError(f"{last} already holds a run"
+                         f" ({held or 'unreadable: not a train_amp checkpoint?'}): add --resume"
+                         " to continue it, give another --checkpoint-dir for a new run, or add"
+                         " --overwrite to replace it")
+    probe = folder / PROBE_NAME
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"train_amp.py write test\n")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"--checkpoint-dir {folder} cannot be written ({error_text(e)}): give"
+                         " a directory this user can write (e.g. under /workspace), fix its"
+                         " permissions, or --checkpoint-dir '' to save nothing") from None
+    stale = temp_path(last)
+    with contextlib.suppress(FileNotFoundError):
+        size = stale.stat().st_size
+        stale.unlink()
+        say(d, f"removed {stale} ({size / MiB:.1f} MiB): a partial checkpoint left by a save"
+               " that was interrupted (killed); last.pt was not affected")
+
+
+def weights_finite(net):
+    """All floating-point parameters and buffers finite? (one host sync)"""
+    flags = [t.isfinite().all() for t in net.state_dict().values() if t.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+class LossGuard:
+    """Stops a run whose loss stays non-finite. The streak of consecutive non-finite losses is
+    counted on the device (a sync per step would stall the GPU) and read only where the loop
+    waits for the device anyway: at log points and before every checkpoint."""
+
+    def __init__(self, device, scaler, hint):
+        # Without a GradScaler (bf16, FP32) a non-finite loss sends NaN/inf gradients into the
+        # weights, which never recover: stop after 3 in a row. With one (fp16) a step whose
+        # gradients overflow is skipped and the weights kept, so a few non-finite losses (a
+        # batch that overflows fp16) are survivable; each skip halves the scale, and after 16
+        # in a row the default 2**16 is down to 1: more than the scaler's routine back-off.
+        self.limit = 16 if scaler.is_enabled() else 3
+        self.streak = torch.zeros((), dtype=torch.int32, device=device)
+        self.worst = torch.zeros_like(self.streak)  # the longest streak since the last check
+        self.value = torch.zeros((), device=device)  # the latest non-finite loss
+        self.hint = hint
+
+    def update(self, loss):
+        bad = ~torch.isfinite(loss)
+        self.streak.add_(1).mul_(bad)
+        torch.maximum(self.worst, self.streak, out=self.worst)
+        self.value = torch.where(bad, loss.float(), self.value)
+
+    def check(self, d, global_step, net=None):
+        """Raise Diverged (on every rank) if the loss stayed non-finite for self.limit steps,
+        or when net is given and its weights are not all finite."""
+        worst, streak, value = torch.stack([self.worst.float(), self.streak.float(),
+                                            self.value.float()]).tolist()
+        weights_bad = net is not None and not weights_finite(net)
+        if not d.any_true(worst >= self.limit or weights_bad):
+            self.worst.copy_(self.streak)
+            return
+        if worst >= self.limit and streak == worst:
+            what = (f"the loss has been {value} since global step {global_step - int(streak) + 1}"
+                    f" ({int(streak)} steps in a row, the limit is {self.limit})")
+        elif worst >= self.limit:
+            what = (f"the loss was non-finite ({value}) for {int(worst)} steps in a row before"
+                    f" global step {global_step} (the limit is {self.limit})")
+        elif weights_bad:
+            what = f"the model's weights are no longer finite at global step {global_step}"
+        else:
+            what = f"the loss went non-finite on another rank by global step {global_step}"
+        raise Diverged(f"training diverged: {what}; {self.hint()}")
+
+
+def divergence_hint(args, lr, amp_dtype, ckpt_path):
+    """The second half of the divergence error: what last.pt holds now, and the fixes."""
+    def hint():
+        held = checkpoint_summary(ckpt_path) if ckpt_path else None
+        kept = (f"{ckpt_path} was not updated: it still holds {held}" if held
+                else "no checkpoint was written" if ckpt_path else "nothing is saved"
+                " (--checkpoint-dir '')")
+        clip = (f"clip gradients harder (--grad-clip {args.grad_clip / 2:g})" if args.grad_clip
+                else "turn gradient clipping on (--grad-clip 1.0)")
+        amp = (", or use --amp bf16 where the GPU has it (FP32's range: no fp16 overflow)"
+               if amp_dtype == torch.float16 else "")
+        return (f"{kept}. Fix: lower --lr (now {lr:g}), {clip}{amp}; then start again with"
+                " --overwrite or another --checkpoint-dir")
+    return hint
 
 
 def load_checkpoint(path, config):
@@ -740,37 +1090,44 @@ def job_config(args, num_classes, d, amp_dtype):
 
 
 @torch.no_grad()
-def evaluate(net, loader, kind, args, device, amp_dtype, channels_last, d):
-    """Loss and accuracy on this rank's shard; summed over ranks (shards do not overlap)."""
+def evaluate(net, loader, kind, args, device, amp_dtype, channels_last, d, bad_images):
+    """Loss, accuracy and skipped images on this rank's shard; summed over ranks (shards do
+    not overlap)."""
     net.eval()
-    tot = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    tot = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, correct, count, skipped
     for x, y in loader:
-        x, y = to_device(x, y, kind, args.image_size, device, channels_last, train=False)
+        x, y = to_device(x, y, kind, args.image_size, device, channels_last, train=False,
+                         bad_images=bad_images)
         with autocast(device.type, amp_dtype):
             logits = logits_of(net(x))
         tot[0] += F.cross_entropy(logits.float(), y, reduction="sum")
         tot[1] += (logits.argmax(1) == y).sum()
         tot[2] += len(y)
+    tot[3] = bad_images.take()
     net.train()
     if d.enabled:
         dist.all_reduce(tot)
-    loss_sum, correct, count = tot.tolist()
-    return loss_sum / max(count, 1), 100.0 * correct / max(count, 1)
+    loss_sum, correct, count, skipped = tot.tolist()
+    return loss_sum / max(count, 1), 100.0 * correct / max(count, 1), int(skipped)
 
 
-def fold_epoch_acc(acc, run_loss, run_correct, run_seen, seconds, d, device):
+def fold_epoch_acc(acc, run_loss, run_correct, run_seen, seconds, d, device, skipped=0):
     """Add this stretch of steps to the epoch's sums, summed over all ranks. The totals live on
     rank 0 only (others restart from zero), so a checkpoint - which rank 0 writes - holds the
-    whole epoch so far and the final all-rank sum never counts a stretch twice."""
+    whole epoch so far and the final all-rank sum never counts a stretch twice. skipped: this
+    rank's unreadable images in the stretch (--skip-bad-images)."""
     part = torch.stack([run_loss.double(), run_correct.double(),
-                        torch.tensor(float(run_seen), dtype=torch.float64, device=device)])
+                        torch.tensor(float(run_seen), dtype=torch.float64, device=device),
+                        torch.tensor(float(skipped), dtype=torch.float64, device=device)])
     if d.enabled:
         dist.all_reduce(part)
-    loss, correct, seen = part.tolist()
+    loss, correct, seen, skipped = part.tolist()
     if not d.main:
-        return {"loss": 0.0, "correct": 0, "seen": 0, "time": acc["time"] + seconds}
+        return {"loss": 0.0, "correct": 0, "seen": 0, "skipped": 0,
+                "time": acc["time"] + seconds}
     return {"loss": acc["loss"] + loss, "correct": acc["correct"] + int(correct),
-            "seen": acc["seen"] + int(seen), "time": acc["time"] + seconds}
+            "seen": acc["seen"] + int(seen), "skipped": acc.get("skipped", 0) + int(skipped),
+            "time": acc["time"] + seconds}
 
 
 def train(args, d, device, stop, label=None):
@@ -798,8 +1155,10 @@ def train(args, d, device, stop, label=None):
                  "persistent_workers": workers > 0, "generator": loader_gen}
     if workers > 0:
         loader_kw["prefetch_factor"] = 4
-    if kind == "bytes":
-        loader_kw["collate_fn"] = collate_bytes
+    collate = {"bytes": collate_bytes, "images": collate_images}.get(kind)
+    if collate:
+        loader_kw["collate_fn"] = collate
+    bad_images = BadImages(args)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True,
                         **loader_kw)
     val_loader = None
@@ -807,7 +1166,7 @@ def train(args, d, device, stop, label=None):
         shard = Subset(val_set, range(d.rank, len(val_set), d.world))
         val_loader = DataLoader(shard, batch_size=args.batch_size, shuffle=False,
                                 num_workers=workers, pin_memory=device.type == "cuda",
-                                collate_fn=collate_bytes if kind == "bytes" else None)
+                                collate_fn=collate)
 
     steps_per_epoch = len(sampler) // args.batch_size
     total = args.steps if args.steps else steps_per_epoch * args.epochs
@@ -820,6 +1179,7 @@ def train(args, d, device, stop, label=None):
 
     config = job_config(args, num_classes, d, amp_dtype)
     ckpt_path = pathlib.Path(args.checkpoint_dir) / "last.pt" if args.checkpoint_dir else None
+    guard = LossGuard(device, scaler, divergence_hint(args, lr, amp_dtype, ckpt_path))
     start_epoch, start_step, global_step, history = 0, 0, 0, []
     epoch_acc = {"loss": 0.0, "correct": 0, "seen": 0, "time": 0.0}
     if args.resume:
@@ -860,6 +1220,7 @@ def train(args, d, device, stop, label=None):
         tb = SummaryWriter(args.tensorboard)
 
     def checkpoint(epoch, step_in_epoch):
+        guard.check(d, global_step, net if ckpt_path else None)  # never save a diverged model
         if ckpt_path is None or not d.main:
             return
         save_checkpoint(ckpt_path, {
@@ -905,9 +1266,11 @@ def train(args, d, device, stop, label=None):
             if i == skip:
                 sync(device)
                 t_measure = time.perf_counter()
-            x, y = to_device(x, y, kind, args.image_size, device, channels_last)
+            x, y = to_device(x, y, kind, args.image_size, device, channels_last,
+                             bad_images=bad_images)
             loss, logits = train_step(model, x, y, optimizer, scaler, amp_dtype,
                                       args.grad_clip, device.type)
+            guard.update(loss)
             scheduler.step()
             step += 1
             global_step += 1
@@ -928,10 +1291,12 @@ def train(args, d, device, stop, label=None):
                     tb.add_scalar("train/images_per_s", ips, global_step)
                     tb.add_scalar("train/lr", scheduler.get_last_lr()[0], global_step)
                 t_log, log_steps = now, 0
+                guard.check(d, global_step)
             stop_now = d.any_true(stop["flag"])
             if stop_now or (args.save_every and global_step % args.save_every == 0 and not last):
                 epoch_acc = fold_epoch_acc(epoch_acc, run_loss, run_correct, run_seen,
-                                           time.perf_counter() - t_epoch, d, device)
+                                           time.perf_counter() - t_epoch, d, device,
+                                           bad_images.take())
                 run_loss.zero_(), run_correct.zero_()
                 run_seen, t_epoch = 0, time.perf_counter()
                 checkpoint(epoch, step)
@@ -947,7 +1312,7 @@ def train(args, d, device, stop, label=None):
         t_end = time.perf_counter()
         progress.close()
         epoch_acc = fold_epoch_acc(epoch_acc, run_loss, run_correct, run_seen, t_end - t_epoch,
-                                   d, device)
+                                   d, device, bad_images.take())
         rec = {"epoch": epoch + 1, "steps": step,
                "train_loss": epoch_acc["loss"] / max(epoch_acc["seen"], 1),
                "train_acc": 100.0 * epoch_acc["correct"] / max(epoch_acc["seen"], 1),
@@ -955,9 +1320,12 @@ def train(args, d, device, stop, label=None):
                "images_per_s": (measured * global_batch / (t_end - t_measure)
                                 if t_measure is not None and measured else None),
                "peak_mem_gib": peak_mem_gib(device)}
+        val_skipped = 0
         if val_loader is not None:
-            rec["val_loss"], rec["val_acc"] = evaluate(net, val_loader, kind, args, device,
-                                                       amp_dtype, channels_last, d)
+            rec["val_loss"], rec["val_acc"], val_skipped = evaluate(
+                net, val_loader, kind, args, device, amp_dtype, channels_last, d, bad_images)
+        if args.skip_bad_images:
+            rec["skipped_images"] = epoch_acc.get("skipped", 0) + val_skipped
         history.append(rec)
         start_step = 0
         checkpoint(epoch + 1, 0)
@@ -969,9 +1337,11 @@ def train(args, d, device, stop, label=None):
         mem = f"{rec['peak_mem_gib']:.2f} GiB" if rec["peak_mem_gib"] is not None else "n/a (CPU)"
         val = (f" val_loss {rec['val_loss']:.4f} val_acc {rec['val_acc']:.2f}%"
                if "val_loss" in rec else "")
+        skipped = (f", skipped {rec['skipped_images']} unreadable image(s)"
+                   if "skipped_images" in rec else "")
         say(d, f"epoch {epoch + 1}/{epochs}: train_loss {rec['train_loss']:.4f} train_acc"
                f" {rec['train_acc']:.2f}%{val} | {ips} img/s, {rec['epoch_time_s']:.1f} s,"
-               f" peak mem {mem}")
+               f" peak mem {mem}{skipped}")
     if tb is not None:
         tb.close()
     return {"config": config, "channels_last": channels_last, "compile": compiled,
@@ -1140,10 +1510,6 @@ def fill_defaults(args):
                          " --batch-size 64)")
     if args.image_size is None:
         args.image_size = 32 if args.data == "digits" else 224
-    if args.num_workers is not None and args.num_workers < 0:
-        raise UsageError("--num-workers must be 0 or more")
-    if args.grad_clip < 0:
-        raise UsageError("--grad-clip must be 0 (off) or positive, e.g. --grad-clip 1.0")
     if args.benchmark and args.compare:
         raise UsageError("--benchmark and --compare are separate modes: pick one")
 
@@ -1176,6 +1542,7 @@ def main(argv=None):
             raise UsageError(f"--data {args.data}: no such directory: give an ImageFolder path,"
                              " or 'synthetic' or 'digits'")
         check_model_name(args.model)
+        check_checkpoint_dir(args, d)  # last: it creates the directory
         if device.type == "cuda":
             torch.cuda.set_device(device)
         d.init(device)
@@ -1198,9 +1565,16 @@ def main(argv=None):
                 pathlib.Path(args.metrics).write_text(json.dumps(result, indent=2))
         return 0
     except UsageError as e:
+        if d.main or getattr(e, "any_rank", False):
+            print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except Diverged as e:  # raised on every rank
         if d.main:
             print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_DIVERGED
+    except SaveFailed as e:  # only rank 0 saves
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_SAVE_FAILED
     except Stopped:
         return 0
     finally:
