@@ -99,7 +99,7 @@ $(TEST_VENV)/.done: tests/requirements.txt Makefile
 test-deps: $(TEST_VENV)/.done ## Make the host-side test virtualenv (.venv-test)
 
 test: build test-deps ## Build, then run the host-side test suite (tests/) against $(REF)
-	IMAGE_REF=$(REF) BASE_IMAGE=$(BASE_IMAGE) PYTHON_VERSION=$(PYTHON_VERSION) CA_BUNDLE=$(CA_BUNDLE) \
+	IMAGE_REF=$(REF) ROW=$(ROW) BASE_IMAGE=$(BASE_IMAGE) PYTHON_VERSION=$(PYTHON_VERSION) CA_BUNDLE=$(CA_BUNDLE) \
 	  $(TEST_VENV)/bin/pytest $(TESTS) $(PYTEST_ARGS)
 
 smoke: ## Run smoke_tests/ inside a container (GPU if present; SMOKE_ARGS=--require-gpu)

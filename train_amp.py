@@ -5,8 +5,10 @@ measures what AMP buys on this machine: FP32 vs AMP, as a table, JSON and a PNG 
 import argparse
 import collections
 import contextlib
+import dataclasses
 import datetime
 import difflib
+import getpass
 import importlib
 import json
 import math
@@ -16,7 +18,9 @@ import random
 import re
 import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -36,7 +40,7 @@ RESUME_KEYS = ("model", "data", "num_classes", "image_size", "batch_size", "worl
 GiB = 2 ** 30
 MiB = 2 ** 20
 # Exit statuses besides 0 (done, or stopped by SIGTERM after saving) and 1 (a bug: traceback).
-EXIT_USAGE, EXIT_DIVERGED, EXIT_SAVE_FAILED = 2, 3, 4
+EXIT_USAGE, EXIT_DIVERGED, EXIT_SAVE_FAILED, EXIT_LAUNCH = 2, 3, 4, 5
 # The one file name the start-up write test uses (and removes again).
 PROBE_NAME = ".train_amp-write-test.tmp"
 
@@ -68,7 +72,16 @@ exit status: 0 done (or stopped by SIGTERM/Ctrl-C after saving); 2 a problem in 
 line, the data or the checkpoint directory, with a one-line fix (also an unreadable image:
 --skip-bad-images skips those and counts them in each epoch's summary); 3 training diverged
 (the loss stayed NaN/inf; last.pt keeps the last good state); 4 a checkpoint could not be
-written (e.g. disk full; the previous last.pt is kept)."""
+written (e.g. disk full; the previous last.pt is kept); 5 a scheduler started several tasks
+but they could not form one job (no master address, or no rendezvous within --dist-timeout):
+never N separate copies of the run.
+
+launchers: torchrun (its variables win, also torchrun inside srun); srun with one task per
+process (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; master = first host of SLURM_JOB_NODELIST,
+port MASTER_PORT or 10000 + SLURM_JOB_ID % 20000); Kubeflow PyTorchJob pods started without
+torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT: one process per pod); Kubeflow Trainer
+TrainJob nodes started without torchrun (PET_NNODES/PET_NODE_RANK/PET_MASTER_*, only with
+PET_NPROC_PER_NODE=1); else one process. The first line says which one was detected."""
 
 
 class UsageError(Exception):
@@ -79,6 +92,11 @@ class BadImageError(UsageError):
     """An image file that cannot be read or decoded. Raised on the rank that read it, which
     may not be rank 0, so every rank prints it (start-up usage errors print on rank 0 only)."""
     any_rank = True
+
+
+class LaunchError(Exception):
+    """Several scheduler tasks that cannot form one process group: exit 5, on every rank
+    (the one that fails may not be rank 0). Never train N separate copies of the job."""
 
 
 class Stopped(Exception):
@@ -96,24 +114,20 @@ class SaveFailed(Exception):
 # ----------------------------------------------------------------------------------------
 # command line
 
-def positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def int_at_least(low):
+    """An argparse type: an integer >= low."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
 
 
-def non_negative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+positive_int, non_negative_int = int_at_least(1), int_at_least(0)
 
 
 def finite_float(low, strict, example):
@@ -213,6 +227,9 @@ def build_parser():
                         " (default: auto; bare flag = on)")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="(default: auto = cuda if available)")
+    g.add_argument("--dist-timeout", type=positive_int, default=1800, metavar="SECONDS",
+                   help="several processes: how long to wait for the others (forming the job,"
+                        " and in each collective) before failing with exit 5 (default: 1800)")
 
     g = p.add_argument_group("checkpoints and logging")
     g.add_argument("--checkpoint-dir", default="checkpoints",
@@ -253,14 +270,202 @@ def build_parser():
 # ----------------------------------------------------------------------------------------
 # process / device set-up
 
-class Dist:
-    """Who we are under torchrun (or alone). rank 0 prints and saves; everybody trains."""
+# What the first line of a run calls each launch_env() result.
+LAUNCHERS = {
+    "torchrun": "torchrun",
+    "env": "RANK/WORLD_SIZE/LOCAL_RANK set (enroot's PyTorch hook, or by hand)",
+    "slurm": "srun, one task per process (SLURM_PROCID/SLURM_NTASKS)",
+    "pytorchjob": "Kubeflow PyTorchJob pod without torchrun (RANK/WORLD_SIZE: one process"
+                  " per pod)",
+    "trainjob": "Kubeflow TrainJob node without torchrun (PET_NODE_RANK/PET_NNODES)",
+    "single": "single process (no torchrun, srun or Kubeflow variables)",
+}
 
-    def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+@dataclasses.dataclass(frozen=True)
+class LaunchEnv:
+    """Who this process is in the job, as its launcher told it (see launch_env)."""
+    launcher: str = "single"  # torchrun | env | slurm | pytorchjob | trainjob | single
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    local_world: int = 1
+    master_addr: str | None = None  # None with world > 1: torchrun's env:// rendezvous
+    master_port: int | None = None
+    problem: str | None = None  # several tasks that cannot form one job: refuse (exit 5)
+
+    def describe(self):
+        master = (f", master {self.master_addr}:{self.master_port}" if self.master_addr
+                  and self.world > 1 else "")
+        return (f"launch: {LAUNCHERS[self.launcher]}: rank {self.rank}, world size"
+                f" {self.world}, local rank {self.local_rank} of {self.local_world}{master}")
+
+
+def _env_int(env, name, default=None, low=0):
+    text = (env.get(name) or "").strip()
+    if not text:
+        if default is None:
+            raise LaunchError(f"{name} is not set")
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise LaunchError(f"{name}={text!r} is not an integer") from None
+    if value < low:
+        raise LaunchError(f"{name}={value} must be at least {low}")
+    return value
+
+
+def _check_rank(rank, world, names):
+    if rank >= world:
+        raise LaunchError(f"{names[0]}={rank} is not below {names[1]}={world}")
+
+
+def expand_nodelist(text):
+    """Slurm's compressed host list -> host names, in pure Python like PyTorch Lightning's
+    SLURMEnvironment: 'node[01-03,07],gpu-a[1-2]' -> node01 node02 node03 node07 gpu-a1 gpu-a2.
+    A range keeps the zero padding of its start; several [..] groups in one name multiply."""
+    hosts = []
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text.strip()):  # commas outside [...]
+        names = [""]
+        for part in re.split(r"(\[[^\]]*\])", item):
+            if not part.startswith("["):
+                names = [n + part for n in names]
+                continue
+            choices = []
+            for piece in part[1:-1].split(","):
+                lo, dash, hi = piece.strip().partition("-")
+                if not lo.isdigit() or (dash and not hi.isdigit()):
+                    raise LaunchError(f"cannot read the Slurm host list {text!r}")
+                choices += ([str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1)]
+                            if dash else [lo])
+            names = [n + c for n in names for c in choices]
+        hosts += [n.strip() for n in names if n.strip()]
+    return hosts
+
+
+def first_slurm_host(nodelist):
+    """The first host of a Slurm node list: `scontrol show hostnames` where Slurm's tools are
+    installed (the authority on its syntax), else expand_nodelist."""
+    if shutil.which("scontrol"):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], text=True,
+                                 capture_output=True, timeout=20, check=True).stdout.split()
+            if out:
+                return out[0]
+    hosts = expand_nodelist(nodelist)
+    return hosts[0] if hosts else None
+
+
+def _from_torchrun(env):
+    """torchrun (TORCHELASTIC_RUN_ID) or anything else that sets LOCAL_RANK, e.g. enroot's
+    50-slurm-pytorch.sh hook under pyxis. Also torchrun run by srun: its variables win."""
+    if "TORCHELASTIC_RUN_ID" not in env and "LOCAL_RANK" not in env:
+        return None
+    world = _env_int(env, "WORLD_SIZE", 1, low=1)
+    rank = _env_int(env, "RANK", 0)
+    _check_rank(rank, world, ("RANK", "WORLD_SIZE"))
+    return LaunchEnv("torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", rank, world,
+                     _env_int(env, "LOCAL_RANK", 0), _env_int(env, "LOCAL_WORLD_SIZE", 1, low=1))
+
+
+def _from_slurm(env):
+    """srun with one task per process and no torchrun. SLURM_NTASKS=1 is a single process.
+    An sbatch script's own shell also has SLURM_PROCID=0 and the job's SLURM_NTASKS: started
+    there without srun, it waits for the other tasks and fails (exit 5), never trains alone."""
+    if "SLURM_PROCID" not in env or _env_int(env, "SLURM_NTASKS", 1, low=1) <= 1:
+        return None
+    world, rank = _env_int(env, "SLURM_NTASKS", low=1), _env_int(env, "SLURM_PROCID")
+    _check_rank(rank, world, ("SLURM_PROCID", "SLURM_NTASKS"))
+    per_node = re.match(r"\d+", env.get("SLURM_STEP_TASKS_PER_NODE")
+                        or env.get("SLURM_TASKS_PER_NODE") or "1")
+    # Task 0 runs on the first node of the step (srun sets SLURM_STEP_NODELIST), which is the
+    # allocation's first node unless srun was given a subset.
+    nodelist = next((env[k] for k in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
+                                      "SLURM_NODELIST") if env.get(k)), None)
+    addr = env.get("MASTER_ADDR") or (first_slurm_host(nodelist) if nodelist else None)
+    if not addr:
+        raise LaunchError("no master address: neither MASTER_ADDR nor SLURM_JOB_NODELIST is"
+                          " set, so task 0's host is unknown")
+    # A port per job, so two jobs sharing a node do not collide (PyTorch Lightning's
+    # SLURMEnvironment also derives it from SLURM_JOB_ID); MASTER_PORT wins.
+    job = (env.get("SLURM_JOB_ID") or "").strip()
+    port = _env_int(env, "MASTER_PORT", 10000 + int(job) % 20000 if job.isdigit() else 29500)
+    return LaunchEnv("slurm", rank, world, _env_int(env, "SLURM_LOCALID", 0),
+                     int(per_node.group()) if per_node else 1, addr, port)
+
+
+def _nproc_hint(env):
+    nproc = (env.get("PET_NPROC_PER_NODE") or "1").strip()
+    if nproc != "1":
+        raise LaunchError(f"PET_NPROC_PER_NODE={nproc} asks for torchrun's processes per node:"
+                          " start the job with torchrun (it reads PET_NNODES, PET_NODE_RANK and"
+                          " PET_MASTER_* itself), or set numProcPerNode to 1")
+
+
+def _from_pytorchjob(env):
+    """Kubeflow Training Operator v1 PyTorchJob: MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK per pod
+    (training-operator pkg/controller.v1/pytorch/envvar.go). Started without torchrun, one
+    process per pod: RANK is this process's rank."""
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    world, rank = _env_int(env, "WORLD_SIZE", low=1), _env_int(env, "RANK")
+    _check_rank(rank, world, ("RANK", "WORLD_SIZE"))
+    if world == 1:
+        return LaunchEnv("pytorchjob")
+    _nproc_hint(env)
+    if not env.get("MASTER_ADDR"):
+        raise LaunchError("WORLD_SIZE > 1 but MASTER_ADDR is not set")
+    return LaunchEnv("pytorchjob", rank, world, 0, 1, env["MASTER_ADDR"],
+                     _env_int(env, "MASTER_PORT", 29500))
+
+
+def _from_trainjob(env):
+    """Kubeflow Trainer v2 TrainJob: PET_NNODES/PET_NPROC_PER_NODE/PET_NODE_RANK/PET_MASTER_*
+    (trainer pkg/runtime/framework/plugins/torch/torch.go), meant for torchrun. Started
+    directly, with PET_NPROC_PER_NODE=1: one process per node, rank = PET_NODE_RANK."""
+    if "PET_NNODES" not in env and "PET_NODE_RANK" not in env:
+        return None
+    nnodes = _env_int(env, "PET_NNODES", 1, low=1)
+    if nnodes == 1:
+        return LaunchEnv("trainjob")  # one node, one process: nothing can be duplicated
+    _nproc_hint(env)
+    rank = _env_int(env, "PET_NODE_RANK", 0)
+    _check_rank(rank, nnodes, ("PET_NODE_RANK", "PET_NNODES"))
+    addr = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
+    if not addr:
+        raise LaunchError("PET_NNODES > 1 but PET_MASTER_ADDR is not set")
+    return LaunchEnv("trainjob", rank, nnodes, 0, 1, addr,
+                     _env_int(env, "PET_MASTER_PORT", 29500))
+
+
+def launch_env(env=None):
+    """How this process was started, in this order: torchrun's variables (also torchrun inside
+    srun), srun tasks (SLURM_NTASKS > 1 with SLURM_PROCID), a Kubeflow PyTorchJob pod,
+    a Kubeflow TrainJob node, else a single process. Never raises: a launcher whose variables
+    say "several processes" but that cannot form one job comes back with .problem set."""
+    env = os.environ if env is None else env
+    for launcher, detect in (("torchrun", _from_torchrun), ("slurm", _from_slurm),
+                             ("pytorchjob", _from_pytorchjob), ("trainjob", _from_trainjob)):
+        try:
+            found = detect(env)
+        except LaunchError as e:
+            if launcher == "torchrun" and "TORCHELASTIC_RUN_ID" not in env:
+                launcher = "env"
+            return LaunchEnv(launcher, problem=f"{LAUNCHERS[launcher]}: {e}")
+        if found:
+            return found
+    return LaunchEnv()
+
+
+class Dist:
+    """Who we are in the job (see launch_env), or alone. rank 0 prints and saves; everybody
+    trains."""
+
+    def __init__(self, env=None):
+        self.env = launch_env() if env is None else env
+        self.world, self.rank = self.env.world, self.env.rank
+        self.local_rank, self.local_world = self.env.local_rank, self.env.local_world
         self.enabled = self.world > 1
         self.ctrl = None  # a gloo group for tiny CPU-side control messages (stop flag)
 
@@ -268,14 +473,36 @@ class Dist:
     def main(self):
         return self.rank == 0
 
-    def init(self, device):
+    def check(self):
+        """Refuse before any work when the launcher's tasks cannot form one job."""
+        if self.env.problem:
+            raise LaunchError(f"{self.env.problem}. Refusing to train: each task would run its"
+                              " own copy of the job and overwrite the same checkpoint")
+
+    def init(self, device, timeout_s=1800):
         if not self.enabled:
             return
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30),
-                                device_id=device if device.type == "cuda" else None)
-        # The stop flag is agreed on every step; on gloo (CPU) that never waits for the GPU.
-        self.ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
+        where = {}
+        if self.env.master_addr:  # not torchrun: rendezvous at the address the launcher gave
+            host = self.env.master_addr
+            host = f"[{host}]" if ":" in host else host  # an IPv6 address
+            where = {"init_method": f"tcp://{host}:{self.env.master_port}", "rank": self.rank,
+                     "world_size": self.world}
+        try:
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+                                    device_id=device if device.type == "cuda" else None,
+                                    **where)
+            # The stop flag is agreed on every step; on gloo (CPU) that never waits for the GPU.
+            self.ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
+        except (RuntimeError, ValueError, OSError) as e:  # DistError is a RuntimeError
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300].rstrip(".")
+            raise LaunchError(
+                f"{self.env.describe()}: could not form the {self.world}-process job within"
+                f" --dist-timeout {timeout_s} s ({reason}). Refusing to train alone: check that"
+                " every task started, that the master address resolves and its port is"
+                " reachable from here, and the other tasks' logs (one may have stopped with an"
+                " error)") from None
 
     def any_true(self, flag):
         if not self.enabled:
@@ -293,6 +520,35 @@ class Dist:
             dist.destroy_process_group()
 
 
+def writable_home():
+    """Started without the entrypoint (pyxis, Kubernetes `command:`, `docker run --entrypoint
+    ''`, Apptainer) as a UID with no passwd entry, the environment has HOME=/ (or none) and no
+    user name. Then getpass.getuser() raises KeyError (Inductor names its cache
+    /tmp/torchinductor_<user> with it), and Triton (~/.triton), torch hub, matplotlib and pip
+    cannot write under HOME. Only in that case: a user name of uid<N> and a private HOME
+    under the temp dir (the one folder a read-only root filesystem leaves writable)."""
+    try:
+        getpass.getuser()
+    except (KeyError, OSError):  # no LOGNAME/USER and no passwd entry for this UID
+        os.environ["USER"] = f"uid{os.getuid()}"
+    home = os.environ.get("HOME")
+    if home and os.path.isdir(home) and os.access(home, os.W_OK):
+        return
+    fallback = pathlib.Path(tempfile.gettempdir(), f"home-{os.getuid()}")
+    with contextlib.suppress(OSError):
+        fallback.mkdir(mode=0o700, exist_ok=True)
+    try:  # someone else's folder of that name (a shared /tmp) is never used
+        ok = fallback.stat().st_uid == os.getuid() and os.access(fallback, os.W_OK)
+    except OSError:
+        ok = False
+    if not ok:
+        try:
+            fallback = pathlib.Path(tempfile.mkdtemp(prefix=f"home-{os.getuid()}-"))
+        except OSError:
+            return  # nothing writable at all: leave HOME as it is
+    os.environ["HOME"] = str(fallback)
+
+
 def say(ctx, *a, **k):
     if ctx.main:
         print(*a, **k, flush=True)
@@ -304,7 +560,12 @@ def pick_device(args, d):
     if not torch.cuda.is_available():
         raise UsageError("--device cuda but no CUDA GPU is visible: run the container with"
                          " --gpus all, or drop --device cuda")
-    return torch.device("cuda", d.local_rank)
+    # srun --gpus-per-task (and other schedulers) may show each process only its own GPU.
+    n = torch.cuda.device_count()
+    if d.local_rank >= n and n != 1:
+        raise UsageError(f"local rank {d.local_rank} but {n} GPUs visible: start one process"
+                         " per GPU, or show each process its own GPU (CUDA_VISIBLE_DEVICES)")
+    return torch.device("cuda", d.local_rank if d.local_rank < n else 0)
 
 
 def resolve_amp(mode, device):
@@ -338,6 +599,14 @@ def check_compiler(device):
                          f" torch {torch.__version__}: drop --compile")
     # On CPU Inductor compiles C++ kernels with $CXX (default g++); on a GPU it writes Triton
     # kernels, and Triton builds its launchers with $CC (default: the first of cc/gcc/clang).
+    # Inductor dlopens the kernels it builds from its cache: on a noexec mount (Docker's
+    # --tmpfs /tmp is noexec) every compile fails after minutes with a long traceback.
+    cache = pathlib.Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or tempfile.gettempdir())
+    if on_noexec_mount(cache):
+        raise UsageError(f"--compile: Inductor's cache {cache} is on a noexec filesystem, so the"
+                         " kernels it builds cannot be loaded: set TORCHINDUCTOR_CACHE_DIR to a"
+                         " writable folder that allows exec (docker: --tmpfs /tmp:exec), or"
+                         " drop --compile")
     cxx = os.environ.get("CXX") or "g++"
     if device.type == "cpu" and shutil.which(cxx) is None:
         raise UsageError(f"--compile needs a C++ compiler and {cxx!r} was not found: install g++"
@@ -353,6 +622,18 @@ def check_compiler(device):
         except ImportError:
             raise UsageError("--compile on a GPU needs Triton: pip install triton (the version"
                              " torch pins), or drop --compile") from None
+
+
+def on_noexec_mount(path):
+    """Whether the filesystem that holds path (or would: its nearest existing parent) is
+    mounted noexec."""
+    path = pathlib.Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return bool(os.statvfs(path).f_flag & getattr(os, "ST_NOEXEC", 0))
+    except OSError:
+        return False
 
 
 def use_compile(args, device):
@@ -1515,6 +1796,7 @@ def fill_defaults(args):
 
 
 def main(argv=None):
+    writable_home()  # before anything computes a cache path from HOME or the user name
     args = build_parser().parse_args(argv)
     d = Dist()
     if args.list_models:
@@ -1533,6 +1815,7 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
+        d.check()  # several scheduler tasks that cannot form one job: refuse first
         fill_defaults(args)
         device = pick_device(args, d)
         resolve_amp(args.amp, device)  # fail on --amp fp16 on CPU before any work
@@ -1545,7 +1828,8 @@ def main(argv=None):
         check_checkpoint_dir(args, d)  # last: it creates the directory
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        d.init(device)
+        say(d, d.env.describe())
+        d.init(device, args.dist_timeout)
         if args.benchmark:
             r = benchmark(args, device, d)
             mem = f"{r['peak_mem_gib']:.2f} GiB" if r["peak_mem_gib"] is not None else "n/a (CPU)"
@@ -1575,6 +1859,9 @@ def main(argv=None):
     except SaveFailed as e:  # only rank 0 saves
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_SAVE_FAILED
+    except LaunchError as e:  # on every rank: the one that cannot connect may not be rank 0
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_LAUNCH
     except Stopped:
         return 0
     finally:

@@ -81,6 +81,31 @@ class RandomImages(torch.utils.data.Dataset):
         return torch.randn(shape, generator=torch.Generator().manual_seed(index))
 
 
+def one_rank_collective_problems(device):
+    """Run, in a one-rank process group, collectives whose result a no-op cannot give; return
+    what came out wrong (empty: all right).
+
+    With one rank an all_reduce(SUM) returns its input unchanged, so it cannot tell NCCL from a
+    collective that does nothing. These can: all_gather_into_tensor and reduce_scatter_tensor
+    write into a separate output buffer (a no-op leaves it NaN), and NCCL's PREMUL_SUM
+    all_reduce multiplies each rank's input by a factor before summing (one rank: 3x input)."""
+    src = torch.arange(1, 9, dtype=torch.float32, device=device)
+    got = {}
+    gathered = torch.full_like(src, float("nan"))
+    dist.all_gather_into_tensor(gathered, src)
+    got["all_gather_into_tensor"] = (gathered, src)
+    scattered = torch.full_like(src, float("nan"))
+    dist.reduce_scatter_tensor(scattered, src)
+    got["reduce_scatter_tensor"] = (scattered, src)
+    tripled = src.clone()
+    dist.all_reduce(tripled, op=dist._make_nccl_premul_sum(3.0))
+    got["all_reduce(PREMUL_SUM x3)"] = (tripled, src * 3)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return {name: f"gave {have.tolist()}, want {want.tolist()}"
+            for name, (have, want) in got.items() if not torch.equal(have, want)}
+
+
 def all_reduce_worker(rank, world_size, backend, init_file, out_dir):
     """Rank r contributes r+1 to an all_reduce(SUM) and writes what it got back to out_dir."""
     # One GPU per rank, selected before NCCL creates its communicator on the current device.

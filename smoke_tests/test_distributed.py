@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from smokelib import all_reduce_worker
+from smokelib import all_reduce_worker, one_rank_collective_problems
 
 
 def spawn_all_reduce(backend, world_size, tmp_path, timeout=120):
@@ -32,20 +32,28 @@ def test_gloo_all_reduce_across_two_processes_sums(tmp_path):
 
 
 @pytest.mark.gpus(1)
-def test_nccl_all_reduce_in_one_process(tmp_path):
-    """A one-rank NCCL process group must initialise and run an all_reduce on the GPU."""
+def test_nccl_collectives_in_one_process_move_data(tmp_path):
+    """A one-rank NCCL process group must run collectives whose results a no-op cannot give."""
     assert dist.is_nccl_available(), "this torch build has no NCCL backend"
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'init'}", rank=0,
                             world_size=1, timeout=datetime.timedelta(seconds=60))
     try:
-        t = torch.arange(8, dtype=torch.float32, device="cuda")
-        want = t.clone()
-        dist.all_reduce(t)
-        torch.cuda.synchronize()
         assert dist.get_backend() == "nccl", f"the process group uses {dist.get_backend()}"
-        assert torch.equal(t, want), f"a one-rank all_reduce changed the tensor: {t.tolist()}"
+        wrong = one_rank_collective_problems(torch.device("cuda", torch.cuda.current_device()))
+        assert not wrong, f"one-rank NCCL collectives gave wrong results: {wrong}"
     finally:
         dist.destroy_process_group()
+
+
+def test_one_rank_collective_check_catches_collectives_that_do_nothing(monkeypatch):
+    """The one-rank NCCL check should report every collective replaced by a no-op."""
+    # A mutation check of the test above, on the CPU: no process group is needed for no-ops.
+    for name in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"):
+        monkeypatch.setattr(dist, name, lambda *a, **k: None)
+    monkeypatch.setattr(dist, "_make_nccl_premul_sum", lambda factor: None)
+    wrong = one_rank_collective_problems(torch.device("cpu"))
+    assert set(wrong) == {"all_gather_into_tensor", "reduce_scatter_tensor",
+                          "all_reduce(PREMUL_SUM x3)"}, f"no-op collectives went unnoticed: {wrong}"
 
 
 @pytest.mark.gpus(2)

@@ -1,11 +1,14 @@
 """Shared fixtures for the host-side suite: every test gets fresh containers of IMAGE_REF
 (set by `make test`), started through the Docker SDK and always removed afterwards."""
+import json
 import os
 import pathlib
 import re
 import time
+import uuid
 
 import pytest
+import requests
 
 import docker
 
@@ -71,7 +74,14 @@ def run_in_image(start_container):
 
     def run(command, timeout=300, **kwargs):
         c = start_container(command, **kwargs)
-        result = c.wait(timeout=timeout)
+        try:
+            result = c.wait(timeout=timeout)
+        except requests.exceptions.RequestException as e:  # the SDK's read timeout
+            logs = c.logs().decode(errors="replace")
+            # Removed now (start_container would at teardown), so a hung command stops using
+            # the CPU before the next test starts.
+            remove_containers([c])
+            pytest.fail(f"{command!r} did not finish within {timeout}s ({e.__class__.__name__}):\n{logs[-6000:]}")
         return result["StatusCode"], c.logs().decode(errors="replace")
 
     return run
@@ -102,34 +112,35 @@ def host_port(container, port):
 
 @pytest.fixture
 def local_registry(docker_client, tmp_path):
-    """A real registry (Debian's docker-registry) on 127.0.0.1:<free port>, storing in tmp_path.
-    Yields 'host:port'; stops it and removes every local tag pointing at it afterwards."""
+    """A real registry (Debian's docker-registry) on 127.0.0.1:<a port it binds itself>, storing
+    in tmp_path. Yields 'host:port'; stops it and removes every local tag pointing at it afterwards."""
     import shutil
-    import socket
     import subprocess
-
-    import requests
 
     binary = shutil.which("docker-registry")
     if not binary:
         pytest.fail("docker-registry is not installed: apt-get install docker-registry")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     config = tmp_path / "registry.yml"
+    # Port 0: the registry binds a free port itself and logs it ("listening on ..."; info level),
+    # so no other process can take a port picked and released before the registry binds it.
     config.write_text(
-        "version: 0.1\nlog:\n  level: warn\n"
+        "version: 0.1\nlog:\n  level: info\n"
         f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'registry-data'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
+        # Deleting a manifest stands in for an upstream tag removal (test_base.py).
+        "  delete:\n    enabled: true\n"
+        "http:\n  addr: 127.0.0.1:0\n"
     )
     log = open(tmp_path / "registry.log", "wb")  # noqa: SIM115 - closed after the process ends
     proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    address = f"127.0.0.1:{port}"
+    address = None
     try:
         deadline = time.monotonic() + 30
         while True:
+            if address is None:
+                bound = re.search(r'msg="listening on (127\.0\.0\.1:\d+)"', (tmp_path / "registry.log").read_text())
+                address = bound and bound.group(1)
             try:
-                if requests.get(f"http://{address}/v2/", timeout=2).status_code == 200:
+                if address and requests.get(f"http://{address}/v2/", timeout=2).status_code == 200:
                     break
             except requests.ConnectionError:
                 pass
@@ -145,7 +156,7 @@ def local_registry(docker_client, tmp_path):
             proc.kill()
             proc.wait()
         log.close()
-        for img in docker_client.images.list():
+        for img in docker_client.images.list() if address else []:
             for ref in img.tags:
                 if ref.startswith(address + "/"):
                     docker_client.images.remove(ref, noprune=False)
@@ -167,3 +178,31 @@ def start_jupyter(start_container):
         return c, f"http://127.0.0.1:{host_port(c, f'{port}/tcp')}", m.group(1) if m else None
 
     return start
+
+
+VERSIONS = json.loads((ROOT / "versions.json").read_text())
+
+
+def version_row():
+    """The versions.json matrix row the image was built from: $ROW (make test passes it), else
+    the default row. Tests read versions from here instead of spelling them out."""
+    name = os.environ.get("ROW") or VERSIONS["default"]
+    return next(r for r in VERSIONS["matrix"] if r["name"] == name)
+
+
+# Tests that stand for a host user by making a host folder owned by another UID (os.chown) or
+# left to root: only a root test runner can make those.
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="needs a root test runner: it makes a host folder owned by another UID, or by root, "
+           "to stand for a host user (run `make test` as root, as CI does)")
+
+
+def hook_mount(tmp_path, script, name="10-test.sh"):
+    """run kwargs that mount a start-up hook (sourced as root after the setup steps, before the
+    services or the command) holding `script`: how tests break a container on purpose."""
+    hooks = tmp_path / f"hooks-{uuid.uuid4().hex[:8]}"
+    hooks.mkdir()
+    (hooks / name).write_text(script + "\n")
+    hooks.chmod(0o755)
+    return {"volumes": {str(hooks): {"bind": "/etc/team/hooks.d", "mode": "ro"}}}

@@ -1,6 +1,14 @@
 """Beyond one machine: what schedulers and fast interconnects need from the image. RDMA verbs
-for NCCL over InfiniBand/RoCE, PYTORCH_VERSION for enroot/pyxis, tini where it is not PID 1."""
+for NCCL over InfiniBand/RoCE, PYTORCH_VERSION for enroot/pyxis, tini where it is not PID 1;
+train_amp.py under srun/Kubeflow without torchrun, and the image run with no entrypoint as a
+UID with no passwd entry on a read-only root filesystem."""
+import json
 import re
+import time
+import uuid
+
+import pytest
+from test_train_amp import SUMMARY, SYNTH, read_from_container
 
 
 def test_nccl_finds_the_rdma_verbs_library_and_providers(run_in_image):
@@ -35,3 +43,197 @@ def test_tini_reaps_without_warning_when_it_is_not_pid_1(run_in_image):
     code, out = run_in_image(["bash", "-c", "echo PID1=$(cat /proc/1/comm)"], init=True)
     assert code == 0 and "PID1=docker-init" in out, f"the command should run under Docker's init:\n{out}"
     assert "not running as PID 1" not in out and "subreaper" not in out, f"tini should not warn:\n{out}"
+
+
+# ---------------------------------------------------------------------------------------
+# train_amp.py under schedulers: srun, Kubeflow, torchrun inside srun (issue "Beyond one machine")
+
+# Each case: the variables a launcher sets -> what launch_env() must make of them.
+LAUNCH_CASES = {
+    "nothing": ({}, {"launcher": "single", "rank": 0, "world": 1}),
+    "torchrun": ({"TORCHELASTIC_RUN_ID": "j", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                  "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"},
+                 {"launcher": "torchrun", "rank": 3, "world": 4, "local_rank": 1,
+                  "local_world": 2, "master_addr": None}),
+    # torchrun started by srun: the SLURM_* task variables describe torchrun, not this process.
+    "torchrun-inside-srun": ({"TORCHELASTIC_RUN_ID": "j", "RANK": "5", "WORLD_SIZE": "8",
+                              "LOCAL_RANK": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
+                              "SLURM_JOB_NODELIST": "n[1-2]"},
+                             {"launcher": "torchrun", "rank": 5, "world": 8, "local_rank": 1}),
+    # enroot's pytorch hook under pyxis sets LOCAL_RANK too.
+    "enroot-hook": ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "n1",
+                     "MASTER_PORT": "6000", "SLURM_NTASKS": "2", "SLURM_PROCID": "1"},
+                    {"launcher": "env", "rank": 1, "world": 2, "master_addr": None}),
+    "srun": ({"SLURM_NTASKS": "4", "SLURM_PROCID": "2", "SLURM_LOCALID": "0",
+              "SLURM_JOB_NODELIST": "gpu-node[07-08,10],login1", "SLURM_JOB_ID": "123456",
+              "SLURM_TASKS_PER_NODE": "2(x2)"},
+             {"launcher": "slurm", "rank": 2, "world": 4, "local_rank": 0, "local_world": 2,
+              "master_addr": "gpu-node07", "master_port": 10000 + 123456 % 20000}),
+    "srun-master-port-set": ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                              "SLURM_JOB_NODELIST": "a[3-4]", "MASTER_PORT": "29555"},
+                             {"launcher": "slurm", "world": 2, "master_addr": "a3",
+                              "master_port": 29555}),
+    "srun-one-task": ({"SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "a1"},
+                      {"launcher": "single", "world": 1, "problem": None}),
+    "srun-no-master": ({"SLURM_NTASKS": "2", "SLURM_PROCID": "1"},
+                       {"launcher": "slurm", "problem": "no master address"}),
+    "srun-bad-procid": ({"SLURM_NTASKS": "2", "SLURM_PROCID": "2", "SLURM_JOB_NODELIST": "a1"},
+                        {"launcher": "slurm", "problem": "SLURM_PROCID=2 is not below"}),
+    "pytorchjob-pod": ({"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456",
+                        "WORLD_SIZE": "3", "RANK": "2"},
+                       {"launcher": "pytorchjob", "rank": 2, "world": 3,
+                        "master_addr": "job-master-0", "master_port": 23456}),
+    "pytorchjob-needs-torchrun": ({"MASTER_ADDR": "m", "MASTER_PORT": "1", "WORLD_SIZE": "8",
+                                   "RANK": "4", "PET_NPROC_PER_NODE": "4"},
+                                  {"launcher": "pytorchjob", "problem": "start the job with torchrun"}),
+    "trainjob-node": ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1",
+                       "PET_MASTER_ADDR": "tj-node-0-0.tj", "PET_MASTER_PORT": "29500"},
+                      {"launcher": "trainjob", "rank": 1, "world": 2,
+                       "master_addr": "tj-node-0-0.tj", "master_port": 29500}),
+    "trainjob-needs-torchrun": ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "8",
+                                 "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "m"},
+                                {"launcher": "trainjob", "problem": "start the job with torchrun"}),
+}
+NODELISTS = {"node[01-04,07]": ["node01", "node02", "node03", "node04", "node07"],
+             "a[1-2]-ib[8-9],login": ["a1-ib8", "a1-ib9", "a2-ib8", "a2-ib9", "login"],
+             "gpu7": ["gpu7"]}
+LAUNCH_PROBE = r"""
+import dataclasses, json, sys
+sys.path.insert(0, "/usr/local/bin")
+import train_amp
+cases, lists = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+out = {name: dataclasses.asdict(train_amp.launch_env(env)) for name, (env, _) in cases.items()}
+out["nodelists"] = {text: train_amp.expand_nodelist(text) for text in lists}
+print("LAUNCH " + json.dumps(out))
+"""
+
+
+def test_launch_env_reads_each_launchers_variables(run_in_image):
+    """train_amp.launch_env() should get rank/world/master right for torchrun, srun, Kubeflow."""
+    code, out = run_in_image(["python", "-c", LAUNCH_PROBE, json.dumps(LAUNCH_CASES),
+                              json.dumps(list(NODELISTS))], entrypoint="", timeout=120)
+    found = next((ln for ln in out.splitlines() if ln.startswith("LAUNCH ")), None)
+    assert code == 0 and found, f"the launch_env probe failed ({code}):\n{out}"
+    seen = json.loads(found[len("LAUNCH "):])
+    for name, (_, want) in LAUNCH_CASES.items():
+        got = seen[name]
+        for key, value in want.items():
+            if key == "problem" and value:
+                assert value in (got["problem"] or ""), f"{name}: problem {got['problem']!r}"
+            else:
+                assert got[key] == value, f"{name}: {key} = {got[key]!r}, expected {value!r}: {got}"
+        if "problem" not in want:
+            assert got["problem"] is None, f"{name}: unexpected problem {got['problem']!r}"
+    assert seen["nodelists"] == NODELISTS, f"Slurm host lists expanded wrongly: {seen['nodelists']}"
+
+
+# The image as pyxis, Kubernetes `command:` and Apptainer run it: no entrypoint, a UID with no
+# passwd entry (HOME=/), a read-only root filesystem with only /tmp writable.
+BARE = {"entrypoint": "", "user": "12345:12345", "read_only": True, "tmpfs": {"/tmp": ""}}
+TRAIN = ["python", "/usr/local/bin/train_amp.py", *SYNTH, "--epochs", "1",
+         "--checkpoint-dir", "/tmp/ck"]
+
+
+# Docker's --tmpfs /tmp is noexec, where no compiled kernel can be loaded; pyxis (the host's
+# /tmp) and a Kubernetes emptyDir allow exec. Tests of torch.compile use /tmp:exec.
+BARE_EXEC = {**BARE, "tmpfs": {"/tmp": "exec"}}
+
+
+@pytest.mark.parametrize("command, world, bare", [
+    (TRAIN, 1, BARE),
+    (["torchrun", "--nproc-per-node", "2", *TRAIN[1:]], 2, BARE),
+    # Inductor names its cache after getpass.getuser(), which has no user name here.
+    ([*TRAIN, "--steps", "2", "--compile", "--amp", "off"], 1, BARE_EXEC),
+], ids=["one-process", "torchrun-2-processes", "one-process-compiled"])
+def test_train_amp_runs_without_entrypoint_as_a_nameless_uid_on_a_read_only_root(
+        run_in_image, command, world, bare):
+    """train_amp.py (and torchrun) should train as UID 12345 with no passwd entry, read-only /."""
+    code, out = run_in_image(command, timeout=540, **bare)
+    assert code == 0, f"{command[0]} exited {code}:\n{out[-6000:]}"
+    assert f"world size {world}," in out and f"world_size={world} " in out, out[-6000:]
+    assert SUMMARY.search(out) and "nan" not in out, f"no finite epoch summary:\n{out[-6000:]}"
+
+
+def test_smoke_suite_passes_without_entrypoint_as_a_nameless_uid_on_a_read_only_root(run_in_image):
+    """`smoke` should pass (compile included) as UID 12345 with no passwd entry, read-only /."""
+    code, out = run_in_image(["smoke", "-x", "-q"], timeout=540, **BARE_EXEC)
+    assert code == 0, f"smoke failed ({code}):\n{out[-8000:]}"
+    assert re.search(r"\d+ passed", out) and "failed" not in out, out[-4000:]
+
+
+def test_compile_on_a_noexec_tmp_exits_2_with_the_fix(run_in_image):
+    """--compile where Inductor's cache is noexec (docker --tmpfs /tmp) should stop at once."""
+    code, out = run_in_image([*TRAIN, "--steps", "2", "--compile"], timeout=120, **BARE)
+    assert code == 2, f"expected exit 2 before any compiling, got {code}:\n{out[-6000:]}"
+    assert "noexec" in out and "TORCHINDUCTOR_CACHE_DIR" in out, f"no fix given:\n{out[-3000:]}"
+    assert not SUMMARY.search(out), f"it trained first:\n{out[-3000:]}"
+
+
+@pytest.fixture
+def cluster_network(docker_client):
+    """A user-defined bridge network (its DNS resolves container names); always removed, with
+    any container still attached to it."""
+    net = docker_client.networks.create(f"cluster-{uuid.uuid4().hex[:10]}", driver="bridge")
+    yield net
+    net.reload()
+    for c in net.containers:
+        c.remove(force=True, v=True)
+    net.remove()
+
+
+def srun_env(rank, ntasks, nodelist, job_id="4242"):
+    """The variables `srun --ntasks N` gives task `rank` (one task per node here)."""
+    return {"SLURM_NTASKS": str(ntasks), "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
+            "SLURM_NODEID": str(rank), "SLURM_JOB_NODELIST": nodelist, "SLURM_JOB_ID": job_id,
+            "SLURM_TASKS_PER_NODE": f"1(x{ntasks})", "GLOO_SOCKET_IFNAME": "eth0"}
+
+
+def test_two_srun_tasks_in_two_containers_train_one_job(start_container, cluster_network):
+    """Two containers given srun's SLURM_* variables (no torchrun) should form one 2-rank job."""
+    prefix = f"slurm-{uuid.uuid4().hex[:8]}-node"
+    names = [f"{prefix}{i}" for i in range(2)]
+    # As srun would: the compressed list (prefix[0-1]); the master port comes from the job id.
+    cmd = ["python", "/usr/local/bin/train_amp.py", *SYNTH, "--epochs", "1", "--log-every", "1",
+           "--checkpoint-dir", "/tmp/ck", "--dist-timeout", "240"]
+    nodes = [start_container(cmd, name=n, hostname=n, network=cluster_network.name,
+                             entrypoint="", user="12345:12345",
+                             environment=srun_env(i, 2, f"{prefix}[0-1]"))
+             for i, n in enumerate(names)]
+    codes = [n.wait(timeout=420)["StatusCode"] for n in nodes]
+    logs = [n.logs().decode(errors="replace") for n in nodes]
+    for name, code, log in zip(names, codes, logs):
+        assert code == 0, f"{name} exited {code}:\n{log[-6000:]}"
+    assert "launch: srun" in logs[0] and "rank 0, world size 2," in logs[0], (
+        f"task 0 should say it is rank 0 of an srun job of 2:\n{logs[0]}")
+    assert f"master {prefix}0:{10000 + 4242 % 20000}" in logs[0], logs[0]
+    # 256 images / 2 ranks / 32 per batch: 4 steps each, not 8 steps in each of two copies.
+    assert "world_size=2" in logs[0] and "steps/epoch=4 " in logs[0], logs[0]
+    assert SUMMARY.search(logs[0]) and "nan" not in logs[0], f"no finite epoch:\n{logs[0]}"
+    assert not SUMMARY.search(logs[1]), f"only rank 0 should print summaries:\n{logs[1]}"
+    assert read_from_container(nodes[0], "/tmp/ck/last.pt"), "rank 0 saved no checkpoint"
+    assert read_from_container(nodes[1], "/tmp/ck/last.pt") is None, "rank 1 saved one too"
+
+
+@pytest.mark.parametrize("rank, nodelist, expect", [
+    (1, None, "no master address"),
+    # The master's host exists (this container) but nobody listens on the port.
+    (1, "self", "could not form the 2-process job within --dist-timeout 15 s"),
+    # Rank 0 whose peer never comes (e.g. sbatch --ntasks=2 running the script without srun).
+    (0, "self", "could not form the 2-process job within --dist-timeout 15 s"),
+], ids=["no-master-address", "master-never-answers", "peer-never-comes"])
+def test_srun_tasks_that_cannot_form_one_job_refuse_to_train(start_container, rank, nodelist,
+                                                             expect):
+    """SLURM_NTASKS=2 without a working rendezvous should exit 5 with a clear error, not train."""
+    host = f"lonely-{uuid.uuid4().hex[:8]}"
+    env = srun_env(rank, 2, host if nodelist == "self" else "")
+    if nodelist is None:
+        del env["SLURM_JOB_NODELIST"]
+    c = start_container([*TRAIN, "--dist-timeout", "15"], hostname=host, environment=env, **BARE)
+    started = time.monotonic()
+    code = c.wait(timeout=300)["StatusCode"]
+    took = time.monotonic() - started
+    out = c.logs().decode(errors="replace")
+    assert code == 5, f"expected exit 5 (no job formed), got {code}:\n{out[-6000:]}"
+    assert expect in out and "Refusing to train" in out, f"no clear error:\n{out[-6000:]}"
+    assert not SUMMARY.search(out) and "steps/epoch" not in out, f"it trained alone:\n{out}"
+    assert took < 150, f"the refusal took {took:.0f} s with --dist-timeout 15"

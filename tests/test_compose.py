@@ -10,7 +10,6 @@ import os
 import pathlib
 import re
 import shlex
-import socket
 import subprocess
 import time
 import uuid
@@ -19,6 +18,7 @@ import paramiko
 import pytest
 import requests
 import yaml
+from conftest import host_port
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -45,19 +45,15 @@ def compose_command():
     pytest.fail("neither `docker compose` nor `docker-compose` works: apt-get install docker-compose")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def project(tmp_path, docker_client):
     """A compose project in tmp_path (its .env and /workspace), with free host ports.
     Yields run(*args) -> CompletedProcess; `down -v` removes everything afterwards."""
     name = f"teamdltest{uuid.uuid4().hex[:8]}"
     key = paramiko.RSAKey.generate(2048)
-    env = dict(os.environ, PORT_JUPYTER=str(free_port()), PORT_SSH=str(free_port()))
+    # Host port 0: Docker binds a free port itself when the service starts (read back with
+    # host_port), instead of a port picked here and released, which another process can take.
+    env = dict(os.environ, PORT_JUPYTER="0", PORT_SSH="0")
     env.pop("TEAM_IMAGE", None)
     state = {"env": env, "token": uuid.uuid4().hex, "key": key, "name": name, "dir": tmp_path}
     # The project directory belongs to a non-root host user, as a real checkout does: as root
@@ -128,7 +124,7 @@ def test_compose_cpu_profile_starts_a_healthy_service_with_token_and_key(project
         time.sleep(1)
         container.reload()
 
-    api = f"http://127.0.0.1:{project['env']['PORT_JUPYTER']}/api/status"
+    api = f"http://127.0.0.1:{host_port(container, '8888/tcp')}/api/status"
     assert requests.get(api, params={"token": project["token"]}, timeout=10).status_code == 200, \
         "Jupyter refused the token from .env"
     assert requests.get(api, timeout=10).status_code == 403, "Jupyter answered without a token"
@@ -138,7 +134,7 @@ def test_compose_cpu_profile_starts_a_healthy_service_with_token_and_key(project
     ssh = paramiko.SSHClient()
     ssh.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # fresh per-container host keys
     try:
-        ssh.connect("127.0.0.1", port=int(project["env"]["PORT_SSH"]), username="dev",
+        ssh.connect("127.0.0.1", port=host_port(container, "22/tcp"), username="dev",
                     pkey=project["key"], allow_agent=False, look_for_keys=False, timeout=20)
         _, out, _ = ssh.exec_command(
             "id -un; touch /workspace/by-dev; ls /workspace; df -k /dev/shm | tail -1", timeout=30)

@@ -10,7 +10,7 @@ import uuid
 import pytest
 import requests
 import websocket
-from conftest import wait_for_log
+from conftest import needs_root, version_row, wait_for_log
 
 TIMEOUT = 30
 
@@ -184,7 +184,9 @@ def test_kernel_runs_code_and_sees_torch(start_jupyter):
     and Jupyter should log no warning or error doing so."""
     c, base, token = start_jupyter()
     out = run_in_kernel(base, token, "import torch; print('torch', torch.__version__, 2 + 2)")
-    assert re.search(r"torch 2\.6\.\d\S* 4", out), f"the kernel should import torch 2.6, got {out!r}"
+    torch_version = version_row()["torch"]  # versions.json
+    assert re.search(rf"torch {re.escape(torch_version)}(\+\S+)? 4", out), (
+        f"the kernel should import torch {torch_version}, got {out!r}")
     # Jupyter's own lines ([W 2026-...]) and the kernel's ([IPKernelApp] WARNING | ...).
     issues = re.findall(r"^\[[WEC] .*|^\[\w+\] (?:WARNING|ERROR|CRITICAL) .*",
                         c.logs().decode(errors="replace"), re.MULTILINE)
@@ -200,6 +202,7 @@ def test_kernels_talk_over_unix_sockets_not_tcp(start_jupyter):
     assert "transport ipc" in out, f"the kernel should use the ipc transport, got {out!r}"
 
 
+@needs_root
 def test_files_made_via_jupyter_on_a_bind_mount_belong_to_the_host_user(start_jupyter, tmp_path):
     """Container should create files on a bind-mounted /workspace as the directory's host owner."""
     ws = tmp_path / "ws"
@@ -360,3 +363,40 @@ def test_jupyter_port_22_with_ssh_on_is_refused_with_the_fix(run_in_image, tmp_p
     assert re.search(r"^ERROR .*JUPYTER_PORT=22 is sshd's port.*JUPYTER_PORT=8888.*SSHD_ENABLED=0", logs, re.MULTILINE), \
         f"the ERROR should name the conflict and both fixes:\n{logs}"
     assert "is not available" not in logs, f"Jupyter should not have been started:\n{logs}"
+
+
+def _terminal_env(base, token, names, values):
+    """In a new Jupyter terminal: each variable in `names` ('unset' when absent) and how many
+    environment entries hold any of `values`, as {'NAME': value, 'hits': 'N'}."""
+    r = requests.post(f"{base}/api/terminals", headers={"Authorization": f"token {token}"}, timeout=TIMEOUT)
+    assert r.status_code == 200, f"creating a terminal should give 200, got {r.status_code}"
+    ws = websocket.create_connection(ws_url(base, f"/terminals/websocket/{r.json()['name']}", token), timeout=TIMEOUT)
+    # The values are passed in an encoded form, so the typed command (echoed back) never holds them.
+    probe = "".join(f'{n}=[${{{n}-unset}}] ' for n in names)
+    patterns = " ".join('-e "$(printf \'' + "".join(f"\\x{b:02x}" for b in v.encode()) + '\')"' for v in values)
+    try:
+        ws.send(json.dumps(["stdin", f'echo "ENV {probe}hits=[$(env | grep -cF {patterns})]"\r']))
+        seen, deadline = "", time.monotonic() + TIMEOUT
+        result = re.compile(r"ENV (\w+=\[[^$\]]*\] )+hits=\[\d+\]")
+        while time.monotonic() < deadline and not result.search(seen):
+            msg = json.loads(ws.recv())
+            if msg[0] == "stdout":
+                seen += msg[1]
+        found = result.search(seen)
+        assert found, f"the terminal did not answer the probe: {seen[-800:]!r}"
+        return dict(re.findall(r"(\w+)=\[([^\]]*)\]", found.group(0)))
+    finally:
+        ws.close()
+
+
+def test_terminals_see_neither_the_token_nor_public_key(start_jupyter, tmp_path):
+    """Container should keep JUPYTER_TOKEN and PUBLIC_KEY out of Jupyter terminals' environment."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
+    public_key = (tmp_path / "k.pub").read_text().strip()
+    token = "tok-" + uuid.uuid4().hex
+    _, base, _ = start_jupyter({"JUPYTER_TOKEN": token, "PUBLIC_KEY": public_key})
+    seen = _terminal_env(base, token, ["JUPYTER_TOKEN", "PUBLIC_KEY", "HOME"],
+                         [token, public_key.split()[1]])
+    assert seen["HOME"] == "/home/dev", f"the probe should see the terminal's own variables: {seen}"
+    assert seen == {"JUPYTER_TOKEN": "unset", "PUBLIC_KEY": "unset", "HOME": "/home/dev", "hits": "0"}, (
+        f"a Jupyter terminal sees the token or the SSH key: {seen}")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import requests
-from conftest import READY, wait_for_log
+from conftest import READY, hook_mount, needs_root, version_row, wait_for_log
 
 ISSUE_LINE = re.compile(r"^(WARN|ERROR)\b|^\[[WEC] ", re.MULTILINE)  # ours, and Jupyter's [W]/[E]/[C]
 
@@ -61,18 +61,17 @@ def test_killing_a_service_stops_the_container_non_zero(start_container, public_
 
 
 def test_docker_stop_is_prompt_and_clean(start_jupyter, public_key):
-    """Container should stop on `docker stop` within a few seconds, exit code 0 (not 137)."""
+    """Container should stop on `docker stop`'s SIGTERM, before Docker's SIGKILL: exit code 0 (not 137)."""
     c, base, token = start_jupyter({"PUBLIC_KEY": public_key})
     # With a running kernel too: Jupyter shuts its kernels down before it exits.
     r = requests.post(f"{base}/api/kernels", headers={"Authorization": f"token {token}"}, timeout=30)
     assert r.status_code == 201, f"a kernel should start: {r.status_code}"
-    started = time.monotonic()
+    # Exit code 0 alone proves the stop beat the 10 s SIGKILL; how fast is `make bench`'s
+    # measurement, not a wall-clock threshold that fails on a busy machine.
     c.stop(timeout=10)
-    took = time.monotonic() - started
     c.reload()
     code = c.attrs["State"]["ExitCode"]
-    assert code == 0, f"exit code after docker stop should be 0, got {code} (137 = killed)"
-    assert took < 5, f"docker stop should take well under Docker's 10 s, took {took:.1f}s"
+    assert code == 0, f"exit code after docker stop should be 0, got {code} (137 = killed after 10 s)"
     assert "Stopped cleanly" in c.logs().decode(), "the supervisor should log the clean stop"
 
 
@@ -140,8 +139,9 @@ def test_normal_start_prints_no_warn_or_error(start_container, public_key):
     c = start_container(environment={"PUBLIC_KEY": public_key}, shm_size="1g")
     logs = wait_for_log(c, READY)
     assert not ISSUE_LINE.search(logs), f"a normal start should print no WARN/ERROR:\n{logs}"
-    assert re.search(r"^INFO .*torch 2\.6\.\d+, CUDA 12\.4, cuDNN 9\.\d+\.\d+, NCCL 2\.\d+", logs, re.MULTILINE), \
-        f"the banner should give the versions:\n{logs}"
+    v = {k: re.escape(version_row()[k]) for k in ("torch", "cuda", "cudnn", "nccl")}  # versions.json
+    banner = rf"^INFO .*torch {v['torch']}, CUDA {v['cuda']}(\.\d+)*, cuDNN {v['cudnn']}(\.\d+)*, NCCL {v['nccl']}(\.\d+)*,"
+    assert re.search(banner, logs, re.MULTILINE), f"the banner should give versions.json's versions:\n{logs}"
     assert re.search(r"^INFO .*No GPU visible.*--gpus all", logs, re.MULTILINE), \
         f"a CPU start should say how to get GPUs, as INFO:\n{logs}"
     assert "SSH on" in logs, f"the ready line should say SSH is on:\n{logs}"
@@ -155,6 +155,7 @@ def test_small_shm_warns_with_the_fix(run_in_image):
         f"the WARN should give the fix:\n{out}"
 
 
+@needs_root
 def test_user_follows_the_owner_of_a_mounted_workspace(run_in_image, tmp_path):
     """Container should give dev the UID/GID of the bind-mounted /workspace's owner."""
     os.chown(tmp_path, 4321, 4322)
@@ -179,6 +180,7 @@ def test_root_uid_is_refused(run_in_image):
     assert code != 0 and re.search(r"^ERROR .*HOST_UID.*refused", out, re.MULTILINE), f"UID 0 should be refused:\n{out}"
 
 
+@needs_root
 def test_unwritable_workspace_is_an_error_with_the_fix(run_in_image, tmp_path):
     """Container should log an ERROR with the fix when dev cannot write the mounted /workspace."""
     tmp_path.chmod(0o755)  # root-owned: says nothing about the host user, so no UID change
@@ -196,6 +198,7 @@ print("hub", torch.hub.get_dir())
 """
 
 
+@needs_root
 def test_caches_in_a_mounted_workspace_serve_the_next_container(run_in_image, tmp_path):
     """Container should keep pip/HF/hub/Inductor caches in /workspace/.cache for the next one."""
     os.chown(tmp_path, 4321, 4321)
@@ -222,7 +225,8 @@ def test_caches_in_a_mounted_workspace_serve_the_next_container(run_in_image, tm
 ], ids=["no-mount", "none", "custom", "relative-is-an-error"])
 def test_cache_dir_follows_cache_dir_env(run_in_image, tmp_path, env, mounted, want):
     """Container should put caches where CACHE_DIR says, nowhere when 'none' or unmounted."""
-    os.chown(tmp_path, 4321, 4321)
+    if os.geteuid() == 0:  # stand for a non-root host user; a non-root runner is one already
+        os.chown(tmp_path, 4321, 4321)
     mount = {str(tmp_path): {"bind": "/workspace", "mode": "rw"}} if mounted else {}
     code, out = run_in_image(["bash", "-c", "echo xdg=$XDG_CACHE_HOME"], environment=env,
                              volumes=mount)
@@ -231,6 +235,7 @@ def test_cache_dir_follows_cache_dir_env(run_in_image, tmp_path, env, mounted, w
     assert not (tmp_path / ".cache").exists(), "CACHE_DIR=none still wrote to the workspace"
 
 
+@needs_root
 def test_an_empty_root_owned_cache_volume_is_handed_to_the_user(run_in_image, tmp_path):
     """Container should chown an empty root-owned CACHE_DIR (a new named volume) to dev and use it,
     but leave a root-owned folder that already holds files alone, with a WARN."""
@@ -248,12 +253,30 @@ def test_an_empty_root_owned_cache_volume_is_handed_to_the_user(run_in_image, tm
     assert re.search(r"^WARN .*Caches stay inside the container", out, re.MULTILINE), out
 
 
-@pytest.mark.parametrize("grant,expect", [("1", "0"), (None, "password is required")])
-def test_sudo_only_when_granted(run_in_image, grant, expect):
+def _sudo_as_dev(run_in_image, env, **kwargs):
+    """`sudo -n id -u` run by dev: (container exit code, 'rc=<sudo's exit code> out=<its output>')."""
+    code, out = run_in_image(["bash", "-c", 'o=$(sudo -n id -u 2>&1); echo "SUDO rc=$? out=$o"'],
+                             environment=env, **kwargs)
+    results = re.findall(r"^SUDO (.*)$", out, re.MULTILINE)
+    assert len(results) == 1, f"the sudo probe printed no result:\n{out}"
+    return code, results[0]
+
+
+@pytest.mark.parametrize("grant,want", [("1", "rc=0 out=0"), (None, "rc=1 out=sudo: a password is required")],
+                         ids=["granted", "not-granted"])
+def test_sudo_only_when_granted(run_in_image, grant, want):
     """Container should give dev passwordless sudo with GRANT_SUDO=1, and none without it."""
-    env = {"GRANT_SUDO": grant} if grant else {}
-    _, out = run_in_image(["bash", "-c", "sudo -n id -u 2>&1"], environment=env)
-    assert expect in out, f"GRANT_SUDO={grant}: expected {expect!r}:\n{out}"
+    code, got = _sudo_as_dev(run_in_image, {"GRANT_SUDO": grant} if grant else {})
+    assert code == 0, f"the probe's container failed ({code}): {got}"
+    assert got == want, f"GRANT_SUDO={grant}: `sudo -n id -u` should give {want!r}, gave {got!r}"
+
+
+def test_sudo_check_notices_a_grant_that_grants_nothing(run_in_image, tmp_path):
+    """The sudo check should see no sudo when GRANT_SUDO=1's grant is taken away (by a hook)."""
+    code, got = _sudo_as_dev(run_in_image, {"GRANT_SUDO": "1"},
+                             **hook_mount(tmp_path, "rm -f /etc/sudoers.d/90-team-nb-user"))
+    assert (code, got) == (0, "rc=1 out=sudo: a password is required"), (
+        f"with the grant removed the probe should report no sudo, gave {got!r} (exit {code})")
 
 
 # A fake nvidia-smi shows what the GPU checks say on hardware this CI host does not have.
@@ -292,13 +315,15 @@ def test_arbitrary_user_flag_still_serves_jupyter(start_container):
 
 def test_read_only_workspace_mount_is_named_as_the_cause(run_in_image, tmp_path):
     """Container should blame the :ro mount (not ownership) when /workspace is mounted read-only."""
-    os.chown(tmp_path, 4321, 4321)
+    if os.geteuid() == 0:  # stand for a non-root host user; a non-root runner is one already
+        os.chown(tmp_path, 4321, 4321)
     _, out = run_in_image(["true"], volumes={str(tmp_path): {"bind": "/workspace", "mode": "ro"}})
     assert re.search(r"^ERROR .*/workspace is mounted read-only.*drop :ro", out, re.MULTILINE), \
         f"the ERROR should name the read-only mount and the fix:\n{out}"
     assert "HOST_UID" not in out, f"ownership is not the problem here:\n{out}"
 
 
+@needs_root
 def test_workspace_with_root_group_keeps_the_image_gid(run_in_image, tmp_path):
     """Container should follow a 4242:0 /workspace's owner but keep dev's GID (never group root)."""
     os.chown(tmp_path, 4242, 0)
@@ -369,6 +394,7 @@ def test_cap_drop_all_with_user_serves_jupyter(start_jupyter):
                         timeout=30).status_code == 200, "Jupyter should answer"
 
 
+@needs_root
 def test_user_flag_with_an_unwritable_workspace_is_an_error_with_the_fix(run_in_image, tmp_path):
     """Container should say at start that a --user UID cannot write the mounted /workspace."""
     tmp_path.chmod(0o755)  # root-owned
@@ -398,3 +424,51 @@ def test_a_failing_hook_stops_the_container_naming_it(run_in_image, tmp_path, na
                      out, re.MULTILINE), f"the ERROR should name the hook and its status:\n{out}"
     assert "command-ran" not in out and "later-hook-ran" not in out and "never" not in out, \
         f"nothing after the failing command should run:\n{out}"
+
+
+@pytest.mark.parametrize("rdma,warns", [(True, True), (False, False)])
+def test_infiniband_with_a_low_memlock_limit_warns_with_the_fix(run_in_image, rdma, warns):
+    """Container should WARN when RDMA devices are passed in but memlock is too low for NCCL."""
+    # A stand-in device node at the path RDMA passthrough uses; 64 KiB locked memory. (An
+    # unlimited limit cannot be set here: dockerd may not raise it above its own.)
+    devices = ["/dev/null:/dev/infiniband/uverbs0:rw"] if rdma else []
+    code, out = run_in_image(["true"], devices=devices,
+                             ulimits=[{"Name": "memlock", "Soft": 65536, "Hard": 65536}])
+    assert code == 0, f"a low memlock limit should warn, not fail:\n{out}"
+    found = re.search(r"^WARN .*InfiniBand/RoCE devices are visible.*64 KiB.*--ulimit memlock=-1", out, re.MULTILINE)
+    assert bool(found) == warns, f"RDMA device {rdma}: WARN expected={warns}:\n{out}"
+
+
+def test_gpu_device_nodes_without_nvidia_smi_warn_with_the_fix(run_in_image):
+    """Container should WARN, naming --gpus all, when /dev/nvidia* exist but nvidia-smi is missing."""
+    # /dev/null mapped to /dev/nvidia0: a device node as a half-configured GPU runtime leaves it.
+    code, out = run_in_image(["true"], devices=["/dev/null:/dev/nvidia0:rw"])
+    assert code == 0, f"a half-configured GPU runtime should warn, not fail:\n{out}"
+    assert re.search(r"^WARN .*GPU device nodes are present but nvidia-smi is missing.*Fix: docker run --gpus all",
+                     out, re.MULTILINE), f"a WARN with the fix is expected:\n{out}"
+    assert "No GPU visible" not in out, f"a GPU was clearly asked for: not the plain CPU INFO line:\n{out}"
+
+
+def test_restart_on_failure_brings_jupyter_back(start_container):
+    """Container under --restart on-failure should come back READY after JupyterLab dies."""
+    c = start_container(restart_policy={"Name": "on-failure", "MaximumRetryCount": 3})
+    wait_for_log(c, READY)
+    code, out = c.exec_run(["pkill", "-KILL", "-o", "-f", "jupyter-lab"])
+    assert code == 0, f"pkill should find jupyter-lab: {out!r}"
+    logs = wait_for_log(c, rf"(?s){READY}.*exited unexpectedly.*{READY}", timeout=180)
+    c.reload()
+    assert c.attrs["RestartCount"] >= 1 and c.status == "running", (
+        f"Docker should have restarted the container ({c.attrs['RestartCount']} restarts, {c.status}):\n{logs}")
+    code, out = c.exec_run(["curl", "-fsS", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:8888/api"])
+    assert (code, out) == (0, b"200"), f"Jupyter should answer again after the restart: {code} {out!r}"
+
+
+def test_user_flag_turns_ssh_off_and_says_so(start_container, public_key):
+    """Container started with --user should run no sshd even with PUBLIC_KEY, and WARN why."""
+    c = start_container(user="1000:1000", environment={"PUBLIC_KEY": public_key})
+    logs = wait_for_log(c, READY)
+    assert re.search(r"^WARN .*SSH is off: sshd needs the container to start as root.*Remove --user", logs,
+                     re.MULTILINE), f"a WARN should say why SSH is off and the fix:\n{logs}"
+    code, out = c.exec_run(["pgrep", "-x", "sshd"])
+    assert code == 1 and not out.strip(), f"no sshd should run under --user: {out!r}"
+    assert "SSH on" not in logs, f"the ready line should not offer SSH:\n{logs}"

@@ -104,3 +104,38 @@ def test_dataloader_test_names_shm_size_when_dev_shm_is_too_small(run_in_image):
     assert code == 1, f"smoke -k dataloader exited {code} with a 1 MiB /dev/shm:\n{_tail(output)}"
     assert "--shm-size" in output and "/dev/shm is 1 MiB" in output, (
         f"the failure does not tell the user to raise --shm-size:\n{_tail(output)}")
+
+
+def test_version_checks_without_expectations_skip_and_fail_when_a_gpu_is_required(run_in_image, tmp_path):
+    """Container smoke without expected versions should skip the version checks with a reason, and fail them under --require-gpu."""
+    # A bare GPU host has no /usr/share/team-image/versions.json: an empty tmpfs stands in.
+    bare = {"tmpfs": {"/usr/share/team-image": ""}}
+    outcomes = {}
+    for flag in ("", "--require-gpu"):
+        reports = _writable_dir(tmp_path, f"reports{flag}")
+        code, output = run_in_image(f"smoke -k test_loaded_version_equals_expected {flag} --report-dir /reports",
+                                    timeout=SUITE_TIMEOUT, **bare,
+                                    volumes={str(reports): {"bind": "/reports", "mode": "rw"}})
+        tests = json.loads((reports / "smoke-report.json").read_text())["tests"]
+        assert len(tests) == 7, f"expected the 7 version checks to be collected, got {tests}:\n{_tail(output)}"
+        outcomes[flag] = (code, {t["outcome"] for t in tests}, {t.get("message", "") for t in tests})
+    code, kinds, messages = outcomes[""]
+    assert (code, kinds) == (0, {"skipped"}), f"without --require-gpu they should skip: {outcomes['']}"
+    assert all("--expect-versions" in m for m in messages), f"each skip should name --expect-versions: {messages}"
+    code, kinds, messages = outcomes["--require-gpu"]
+    assert (code, kinds) == (1, {"failed"}), f"--require-gpu should turn those skips into failures: {outcomes['--require-gpu']}"
+    assert all("--require-gpu" in m and "--expect-versions" in m for m in messages), messages
+
+
+def test_require_gpus_2_fails_the_multi_gpu_test_too(run_in_image, tmp_path):
+    """Container smoke with --require-gpus 2 should fail, not skip, even the 2-GPU NCCL test."""
+    reports = _writable_dir(tmp_path, "reports")
+    code, output = run_in_image("smoke -k test_nccl --require-gpus 2 --report-dir /reports",
+                                timeout=SUITE_TIMEOUT,
+                                volumes={str(reports): {"bind": "/reports", "mode": "rw"}})
+    assert code == 1, f"smoke --require-gpus 2 exited {code}, expected 1:\n{_tail(output)}"
+    tests = {t["nodeid"]: t for t in json.loads((reports / "smoke-report.json").read_text())["tests"]}
+    multi = [t for n, t in tests.items() if "test_nccl_all_reduce_across_processes_sums" in n]
+    assert multi and multi[0]["outcome"] == "failed", f"the 2-GPU test should fail under --require-gpus 2: {tests}"
+    assert "--require-gpu" in multi[0]["message"], f"the failure should name --require-gpu: {multi[0]}"
+    assert not [n for n, t in tests.items() if t["outcome"] != "failed"], f"every NCCL test should fail: {tests}"

@@ -1,5 +1,7 @@
 """SSH and tmux: key-only login from PUBLIC_KEY / PUBLIC_KEY_FILE / a mounted authorized_keys,
 per-container host keys, the container environment in every kind of SSH session, no secrets."""
+import base64
+import hashlib
 import io
 import json
 import os
@@ -11,7 +13,7 @@ import uuid
 
 import paramiko
 import pytest
-from conftest import READY, host_port, wait_for_log
+from conftest import READY, hook_mount, host_port, wait_for_log
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -606,10 +608,15 @@ def test_only_jupyter_and_sshd_listen_beyond_loopback(start_container, key):
     """Container should listen on 8888 and 22 only; kernels and helpers stay on loopback."""
     c = start_with_ssh(start_container, key.public)
     wait_for_log(c, READY, 120)
-    # A kernel opens its own ports: start one so the check covers them too.
-    rc, out = exec_in(c, "cd /tmp && timeout 60 python -c \"from jupyter_client import KernelManager as K; "
-                         "k=K(); k.start_kernel(); import time; time.sleep(3); print('kernel-up')\" & sleep 8; "
-                         "ss -Hltn", user="dev")
+    # A kernel opens its own ports: start one so the check covers them too. It says when it
+    # answers (a file), then stays up; polled for, not a fixed sleep.
+    starter = ("from jupyter_client import KernelManager as K; import time; k = K(); k.start_kernel();"
+               " kc = k.client(); kc.start_channels(); kc.wait_for_ready(timeout=120);"
+               " open('/tmp/kernel-up', 'w').close(); time.sleep(300)")
+    c.exec_run(["bash", "-c", f'cd /tmp && exec python -c "{starter}"'], user="dev", detach=True)
+    wait_until(lambda: exec_in(c, "test -e /tmp/kernel-up")[0] == 0, 150,
+               f"the kernel did not come up:\n{c.logs().decode()}")
+    rc, out = exec_in(c, "ss -Hltn", user="dev")
     assert rc == 0, out
     listening = {line.split()[3] for line in out.splitlines() if line.startswith("LISTEN")}
     assert listening, f"ss listed nothing, the probe is broken:\n{out}"
@@ -617,3 +624,73 @@ def test_only_jupyter_and_sshd_listen_beyond_loopback(start_container, key):
     ports = {a.rsplit(":", 1)[1] for a in outside}
     assert ports <= {"8888", "22"}, f"unexpected listeners beyond loopback: {sorted(outside)}"
     assert {"8888", "22"} <= ports, f"Jupyter and sshd should listen: {sorted(listening)}"
+
+
+# --- what the log and the session promise -------------------------------------------------
+
+
+def _logged_host_key_fingerprints(logs):
+    """{'ED25519': 'SHA256:...', ...} from the start-up line that lists the host keys."""
+    line = re.search(r"SSH host key fingerprints \(compare on first connect\):(.*)$", logs, re.MULTILINE)
+    assert line, f"no host-key fingerprint line in the log:\n{logs}"
+    return dict(re.findall(r"(\w+) (SHA256:\S+)", line.group(1)))
+
+
+def _served_host_key(container, pkey):
+    """(TYPE, 'SHA256:...') of the host key sshd presents, as `ssh-keygen -l` prints it."""
+    client = ssh_connect(container, pkey)
+    try:
+        served = client.get_transport().get_remote_server_key()
+    finally:
+        client.close()
+    digest = base64.b64encode(hashlib.sha256(served.asbytes()).digest()).decode().rstrip("=")
+    kind = {"ssh-ed25519": "ED25519", "ssh-rsa": "RSA", "rsa-sha2-256": "RSA", "rsa-sha2-512": "RSA"}.get(
+        served.get_name(), "ECDSA")
+    return kind, f"SHA256:{digest}"
+
+
+@pytest.mark.parametrize("rekey", [False, True], ids=["image", "mutation-keys-replaced-after-logging"])
+def test_ssh_host_key_fingerprints_are_logged(start_container, key, tmp_path, rekey):
+    """Container should log the fingerprint of each host key sshd serves, for the first connect."""
+    # The mutation: a hook (after the SSH step) replaces the host keys, so the log is stale.
+    hook = hook_mount(tmp_path, "rm -f /etc/ssh/ssh_host_*; ssh-keygen -q -A") if rekey else {}
+    c = start_with_ssh(start_container, key.public, **hook)
+    logged = _logged_host_key_fingerprints(c.logs().decode())
+    assert set(logged) == {"ED25519", "ECDSA", "RSA"}, f"one fingerprint per host key type expected: {logged}"
+    kind, served = _served_host_key(c, key.pkey)
+    assert (logged[kind] == served) != rekey, (
+        f"the logged {kind} fingerprint {logged[kind]} vs the key sshd serves {served} (keys replaced: {rekey})")
+
+
+def test_tmux_autoattach_opt_out_file_keeps_logins_out_of_tmux(start_container, key):
+    """Container should not put SSH logins into tmux when ~/.no_auto_tmux exists, even with auto-attach."""
+    c = start_with_ssh(start_container, key.public, environment={"SSH_TMUX_AUTOATTACH": "1"})
+    client = ssh_connect(c, key.pkey)
+    seen = {}
+    # With the file: a plain shell. Without it (the control): tmux, so the probe can tell.
+    for opt_out in (True, False):
+        rc, _, err = ssh_run(client, "touch ~/.no_auto_tmux" if opt_out else "rm -f ~/.no_auto_tmux")
+        assert rc == 0, f"could not set up ~/.no_auto_tmux: {err}"
+        channel = client.invoke_shell(term="xterm-256color", width=200, height=50)
+        out = shell_send_and_wait(channel, 'echo "IN-TMUX-[${TMUX:+yes}]-$((1+1))"', "]-2")
+        seen[opt_out] = "IN-TMUX-[yes]-2" in out
+        channel.close()
+    client.close()
+    assert seen == {True: False, False: True}, (
+        f"attached to tmux by opt-out file present: {seen} (expected only without the file)")
+
+
+def test_variables_set_by_start_up_hooks_do_not_reach_ssh_sessions(start_container, key, tmp_path):
+    """Container should keep variables exported by start-up hooks out of SSH sessions."""
+    value = secrets.token_hex(8)
+    c = start_with_ssh(start_container, key.public,
+                       **hook_mount(tmp_path, f"export TEAM_HOOK_VAR={value}"))
+    client = ssh_connect(c, key.pkey)
+    seen = {mode: _dump_env(client, mode) for mode in ("exec", "login")}
+    client.close()
+    # The control: the hook ran and its export reached the services' own environment.
+    wait_for_log(c, READY, 120)
+    rc, jupyter_env = exec_in(c, "tr '\\0' '\\n' < /proc/$(pgrep -o -f jupyter-lab)/environ", user="dev")
+    assert rc == 0 and f"TEAM_HOOK_VAR={value}" in jupyter_env, "the hook's export should reach the services"
+    leaked = {mode: env.get("TEAM_HOOK_VAR") for mode, env in seen.items() if "TEAM_HOOK_VAR" in env}
+    assert not leaked, f"a hook's variable reached SSH sessions: {leaked}"

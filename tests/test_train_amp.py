@@ -3,6 +3,7 @@ AMP step order, checkpoints/SIGTERM/resume, --compare, data sources and two-node
 import io
 import json
 import re
+import shlex
 import tarfile
 import uuid
 
@@ -42,7 +43,11 @@ def run_to_end(docker_client, image_ref, command, timeout=600, **kwargs):
     """For module-scoped fixtures: run a container to completion, return (code, logs, container).
     The caller removes the container."""
     c = docker_client.containers.run(image_ref, command, detach=True, shm_size="1g", **kwargs)
-    code = c.wait(timeout=timeout)["StatusCode"]
+    try:
+        code = c.wait(timeout=timeout)["StatusCode"]
+    except Exception:
+        remove_containers([c])  # a timed-out run must not outlive the test
+        raise
     return code, c.logs().decode(errors="replace"), c
 
 
@@ -74,7 +79,8 @@ def test_help_documents_every_option(run_in_image):
     for option in ("--model", "--data", "--epochs", "--steps", "--batch-size", "--lr", "--amp",
                    "--channels-last", "--compile", "--grad-clip", "--num-workers",
                    "--checkpoint-dir", "--resume", "--seed", "--benchmark", "--compare",
-                   "--tensorboard", "digits", "synthetic", "ImageFolder", "torchrun"):
+                   "--tensorboard", "digits", "synthetic", "ImageFolder", "torchrun",
+                   "--overwrite", "--skip-bad-images", "exit status"):
         assert option in logs, f"--help does not mention {option}:\n{logs}"
 
 
@@ -98,6 +104,25 @@ def test_bad_input_exits_2_with_a_one_line_fix(start_container, args, env, fix):
     assert len(err) == 1 and err[0].startswith("train_amp.py: error: "), (
         f"{args} should print exactly one 'train_amp.py: error:' line, got:\n" + "\n".join(err))
     assert fix in err[0], f"{args}: the error does not give the fix {fix!r}: {err[0]}"
+    assert not out, f"{args} should stop before any training output, printed:\n{out}"
+
+
+@pytest.mark.parametrize("args, rule", [
+    (["--lr", "nan"], "argument --lr: must be a finite number > 0, got nan"),
+    (["--lr", "-1"], "argument --lr: must be a finite number > 0, got -1"),
+    (["--weight-decay", "inf"], "argument --weight-decay: must be a finite number >= 0"),
+    (["--grad-clip", "-0.5"], "argument --grad-clip: must be a finite number >= 0"),
+], ids=["lr-nan", "lr-negative", "weight-decay-inf", "grad-clip-negative"])
+def test_non_finite_or_out_of_range_numbers_exit_2_before_training(start_container, args, rule):
+    """train_amp.py should reject NaN/inf/out-of-range numeric options at parse time: exit 2."""
+    c = start_container(["train_amp.py", *SYNTH, "--steps", "1", *args])
+    code = c.wait(timeout=120)["StatusCode"]
+    err = command_output(c.logs(stdout=False, stderr=True).decode(errors="replace"))
+    out = command_output(c.logs(stdout=True, stderr=False).decode(errors="replace"))
+    assert code == 2, f"{args} exited {code}, expected 2:\n" + "\n".join(err + out)
+    assert err and err[-1].startswith(f"train_amp.py: error: {rule}"), (
+        f"{args}: expected the error {rule!r}, got:\n" + "\n".join(err))
+    assert "(e.g. --" in err[-1], f"{args}: the error gives no example value: {err[-1]}"
     assert not out, f"{args} should stop before any training output, printed:\n{out}"
 
 
@@ -318,6 +343,209 @@ def test_resume_refuses_a_checkpoint_of_another_model(run_in_image, interrupted_
 
 
 # ---------------------------------------------------------------------------------------
+# never lose or corrupt a checkpoint
+
+# Runs one train_amp.py command as step LABEL of a script: "RC LABEL n", then its stdout and
+# stderr prefixed "OUT LABEL " / "ERR LABEL ", then "SHA LABEL <sha256 of ck/last.pt or ->".
+STEP_FN = r"""
+step() {
+  label=$1; shift
+  "$@" > /tmp/out 2> /tmp/err; echo "RC $label $?"
+  sed "s/^/OUT $label /" /tmp/out; sed "s/^/ERR $label /" /tmp/err
+  echo "SHA $label $( (sha256sum ck/last.pt 2>/dev/null || echo -) | cut -d' ' -f1)"
+}
+"""
+# One line "CKPT {json}": the global step of checkpoint $1 and whether all its weights are
+# finite; "CKPT null" when there is no such file.
+INSPECT_LAST = r"""python3 - "$1" <<'EOF'
+import json, os, sys, torch
+if not os.path.exists(sys.argv[1]):
+    sys.exit(print("CKPT null"))
+c = torch.load(sys.argv[1], map_location="cpu", weights_only=True)
+print("CKPT " + json.dumps({"global_step": c["global_step"], "finite": all(
+    bool(t.isfinite().all()) for t in c["model"].values() if t.is_floating_point())}))
+EOF"""
+
+
+def steps_of(logs):
+    """{label: {"rc": int, "out": [lines], "err": [lines], "sha": str}} from STEP_FN output."""
+    runs = {}
+    for kind, label, rest in re.findall(r"^(RC|OUT|ERR|SHA) (\S+) ?(.*)$", logs, re.MULTILINE):
+        r = runs.setdefault(label, {"out": [], "err": []})
+        if kind == "RC":
+            r["rc"] = int(rest)
+        elif kind == "SHA":
+            r["sha"] = rest
+        else:
+            r[kind.lower()].append(rest)
+    return runs
+
+
+def show(run):
+    return "\n".join(["stdout:", *run["out"], "stderr:", *run["err"]])
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir_runs(docker_client, image_ref, module_containers):
+    """In one container: a run into ck; the same run again (no flag); --resume; --overwrite;
+    then --compare with the same --checkpoint-dir."""
+    job = ["train_amp.py", *SYNTH, "--checkpoint-dir", "ck", "--log-every", "100"]
+    lines = [STEP_FN,
+             "step first " + shlex.join(job + ["--epochs", "1"]),
+             "step again " + shlex.join(job + ["--epochs", "1"]),
+             "step resume " + shlex.join(job + ["--epochs", "2", "--resume"]),
+             "step overwrite " + shlex.join(job + ["--steps", "2", "--overwrite"]),
+             "step compare " + shlex.join(job + ["--steps", "2", "--compare", "--out", "cmp"]),
+             'set -- ck/last.pt', INSPECT_LAST]
+    code, logs, c = run_to_end(docker_client, image_ref, ["bash", "-c", "\n".join(lines)])
+    module_containers.append(c)
+    assert code == 0, f"the checkpoint-dir script failed ({code}):\n{logs}"
+    runs = steps_of(logs)
+    runs["final"] = json.loads(re.search(r"^CKPT (.*)$", logs, re.MULTILINE).group(1))
+    return runs
+
+
+def test_a_new_run_refuses_to_replace_an_earlier_runs_checkpoint(checkpoint_dir_runs):
+    """train_amp.py should refuse (exit 2, before training) a new run over an existing last.pt."""
+    first, again = checkpoint_dir_runs["first"], checkpoint_dir_runs["again"]
+    assert first["rc"] == 0 and first["sha"] != "-", f"the first run failed:\n{show(first)}"
+    assert again["rc"] == 2, f"a second run into ck exited {again['rc']}, not 2:\n{show(again)}"
+    assert len(again["err"]) == 1, f"expected one error line:\n{show(again)}"
+    err = again["err"][0]
+    for part in ("train_amp.py: error: ck/last.pt already holds a run", "global step 8",
+                 "--resume", "another --checkpoint-dir", "--overwrite"):
+        assert part in err, f"the refusal lacks {part!r}: {err}"
+    assert not again["out"], f"it started training before refusing:\n{show(again)}"
+    assert again["sha"] == first["sha"], "the refused run changed ck/last.pt"
+
+
+def test_resume_and_overwrite_may_reuse_a_checkpoint_dir(checkpoint_dir_runs):
+    """--resume should continue an existing last.pt and --overwrite should replace it."""
+    resume, over = checkpoint_dir_runs["resume"], checkpoint_dir_runs["overwrite"]
+    assert resume["rc"] == 0, f"--resume exited {resume['rc']}:\n{show(resume)}"
+    assert any("resumed from ck/last.pt" in ln and "(global step 8/16)" in ln
+               for ln in resume["out"]), f"--resume did not continue at step 8:\n{show(resume)}"
+    assert any(ln.startswith("epoch 2/2: ") for ln in resume["out"]), show(resume)
+    assert over["rc"] == 0, f"--overwrite exited {over['rc']}:\n{show(over)}"
+    assert over["sha"] != resume["sha"], "--overwrite did not replace ck/last.pt"
+    assert (checkpoint_dir_runs["final"] or {}).get("global_step") == 2, (
+        f"ck/last.pt should be the --overwrite run's (global step 2): {checkpoint_dir_runs}")
+
+
+def test_compare_runs_beside_an_existing_checkpoint_and_leaves_it_alone(checkpoint_dir_runs):
+    """--compare writes no checkpoints: an existing last.pt should neither stop nor change."""
+    over, compare = checkpoint_dir_runs["overwrite"], checkpoint_dir_runs["compare"]
+    assert compare["rc"] == 0, f"--compare exited {compare['rc']}:\n{show(compare)}"
+    assert any(ln.startswith("| images/s |") for ln in compare["out"]), show(compare)
+    assert compare["sha"] == over["sha"], "--compare changed ck/last.pt"
+
+
+@pytest.fixture(scope="module")
+def diverging_runs(docker_client, image_ref, module_containers):
+    """A good run into ck, then a run that diverges (--lr 1e6, no clipping) with --overwrite
+    over it; then a diverging run that saves every step into ck2."""
+    bad = ["train_amp.py", *SYNTH, "--lr", "1e6", "--grad-clip", "0", "--log-every", "100"]
+    lines = [STEP_FN,
+             "step good " + shlex.join(["train_amp.py", *SYNTH, "--steps", "4", "--checkpoint-dir",
+                                      "ck"]),
+             "step diverge " + shlex.join(bad + ["--checkpoint-dir", "ck", "--overwrite"]),
+             "step every " + shlex.join(bad + ["--checkpoint-dir", "ck2", "--save-every", "1"]),
+             "set -- ck2/last.pt", INSPECT_LAST]
+    code, logs, c = run_to_end(docker_client, image_ref, ["bash", "-c", "\n".join(lines)])
+    module_containers.append(c)
+    assert code == 0, f"the divergence script failed ({code}):\n{logs}"
+    runs = steps_of(logs)
+    runs["ck2"] = json.loads(re.search(r"^CKPT (.*)$", logs, re.MULTILINE).group(1))
+    return runs
+
+
+def test_a_diverging_run_exits_3_and_leaves_the_good_checkpoint_unchanged(diverging_runs):
+    """train_amp.py should stop a run whose loss stays NaN: exit 3, the fix, last.pt untouched."""
+    good, bad = diverging_runs["good"], diverging_runs["diverge"]
+    assert good["rc"] == 0, f"the good run failed:\n{show(good)}"
+    assert bad["rc"] == 3, f"the diverging run exited {bad['rc']}, not 3:\n{show(bad)}"
+    err = bad["err"][-1] if bad["err"] else ""
+    assert re.search(r"training diverged: the loss has been (nan|inf|-inf) since global step \d+",
+                     err), f"the error does not name the loss and step: {err}"
+    for fix in ("lower --lr (now 1e+06)", "--grad-clip 1.0",
+                "ck/last.pt was not updated: it still holds global step 4"):
+        assert fix in err, f"the error lacks {fix!r}: {err}"
+    assert bad["sha"] == good["sha"], "the diverging run changed the good ck/last.pt"
+    assert not any(ln.startswith("epoch 1/1: ") for ln in bad["out"]), (
+        f"a diverged epoch was reported as done:\n{show(bad)}")
+
+
+def test_no_checkpoint_is_written_from_non_finite_weights(diverging_runs):
+    """With --save-every 1 a diverging run should keep the last finite checkpoint, exit 3."""
+    every, ck2 = diverging_runs["every"], diverging_runs["ck2"]
+    assert every["rc"] == 3, f"the diverging run exited {every['rc']}, not 3:\n{show(every)}"
+    assert ck2 is not None, f"no ck2/last.pt was saved before the divergence:\n{show(every)}"
+    assert ck2["finite"], f"ck2/last.pt holds non-finite weights: {ck2}"
+    assert 1 <= ck2["global_step"] < 8, f"ck2/last.pt is not from before the divergence: {ck2}"
+
+
+def test_disk_full_during_a_save_keeps_last_pt_and_removes_the_temp_file(run_in_image):
+    """A full disk mid-save should exit 4 naming the dir and free space, last.pt still loading."""
+    # 150 MiB: one resnet18 checkpoint (about 85 MiB) fits, a second beside it does not.
+    job = ["train_amp.py", *SYNTH, "--checkpoint-dir", "/ck", "--log-every", "100"]
+    script = "\n".join([
+        STEP_FN.replace("ck/last.pt", "/ck/last.pt"),
+        "step first " + shlex.join(job + ["--epochs", "1"]),
+        "step full " + shlex.join(job + ["--epochs", "2", "--resume"]),
+        "ls -a /ck | sed 's/^/LS /'", "set -- /ck/last.pt", INSPECT_LAST])
+    code, logs = run_in_image(["bash", "-c", script], tmpfs={"/ck": "size=150m,mode=1777"})
+    assert code == 0, f"the script failed ({code}):\n{logs}"
+    runs = steps_of(logs)
+    first, full = runs["first"], runs["full"]
+    assert first["rc"] == 0, f"the first run did not fit in 150 MiB:\n{show(first)}"
+    assert full["rc"] == 4, f"a save to a full disk exited {full['rc']}, not 4:\n{show(full)}"
+    err = full["err"][-1] if full["err"] else ""
+    for part in ("could not write a checkpoint to /ck: the disk is full", "MiB free of 150",
+                 "last.tmp was removed", "/ck/last.pt still holds global step 8"):
+        assert part in err, f"the error lacks {part!r}: {err}"
+    assert "Traceback" not in "\n".join(full["err"]), f"a traceback:\n{show(full)}"
+    listing = re.findall(r"^LS (.*)$", logs, re.MULTILINE)
+    assert not [n for n in listing if n.endswith(".tmp")], f"a temp file was left: {listing}"
+    assert full["sha"] == first["sha"], "the failed save changed /ck/last.pt"
+    ckpt = json.loads(re.search(r"^CKPT (.*)$", logs, re.MULTILINE).group(1))
+    assert (ckpt or {}).get("global_step") == 8, (
+        f"/ck/last.pt does not load as the first run's checkpoint:\n{logs}")
+
+
+@pytest.mark.parametrize("make, ckdir", [
+    ("mkdir locked && chmod 555 locked", "locked/ck"),
+    ("mkdir -p ro && chmod 555 ro", "ro"),
+], ids=["cannot-create", "read-only"])
+def test_unwritable_checkpoint_dir_fails_before_training(run_in_image, make, ckdir):
+    """An unwritable --checkpoint-dir should exit 2 at start naming it, not after training."""
+    script = f"{make} && exec train_amp.py {shlex.join(SYNTH)} --epochs 1 --checkpoint-dir {ckdir}"
+    code, logs = run_in_image(["bash", "-c", script])
+    assert code == 2, f"exited {code}, expected 2:\n{logs}"
+    assert f"train_amp.py: error: --checkpoint-dir {ckdir} cannot be written" in logs, logs
+    assert "give a directory this user can write" in logs, f"no fix given:\n{logs}"
+    assert "resnet18 amp=" not in logs and not SUMMARY.search(logs), f"it trained first:\n{logs}"
+
+
+def test_a_stale_temp_file_is_removed_at_start(run_in_image):
+    """A last.tmp left by a killed save should be removed, and said so, before training."""
+    # The listing is taken at step 2 of 6, long before this run's only save (at the end).
+    script = ("set -o pipefail; mkdir ck && head -c 8M /dev/zero > ck/last.tmp && train_amp.py "
+              + shlex.join(SYNTH) + " --steps 6 --log-every 1 --progress lines --checkpoint-dir ck"
+              " | while IFS= read -r line; do echo \"$line\"; case $line in"
+              " *' step 2/6 '*) ls -a ck | sed 's/^/LS /';; esac; done")
+    code, logs = run_in_image(["bash", "-c", script])
+    assert code == 0, f"exited {code}:\n{logs}"
+    lines = command_output(logs)
+    removed = [i for i, ln in enumerate(lines) if ln.startswith("removed ck/last.tmp (8.0 MiB)")]
+    header = [i for i, ln in enumerate(lines) if ln.startswith("resnet18 amp=")]
+    assert removed and header and removed[0] < header[0], (
+        "no 'removed ck/last.tmp' line before training started:\n" + "\n".join(lines))
+    listing = re.findall(r"^LS (.*)$", logs, re.MULTILINE)
+    assert listing, f"no listing taken during training:\n{logs}"
+    assert "last.tmp" not in listing, f"ck/last.tmp still there during training: {listing}"
+
+
+# ---------------------------------------------------------------------------------------
 # --compare and accuracy under bf16
 
 @pytest.fixture(scope="module")
@@ -386,6 +614,52 @@ def test_imagefolder_of_jpegs_trains_and_validates(run_in_image, decode):
     assert code == 0, f"exited {code}:\n{logs}"
     assert "(48 train images, 2 classes, 32px)" in logs, f"ImageFolder not read:\n{logs}"
     assert re.search(r"^epoch 1/1: .* val_acc [\d.]+%", logs, re.MULTILINE), f"no val accuracy:\n{logs}"
+
+
+@pytest.fixture(scope="module", params=["workers", "device"])
+def corrupt_jpeg_runs(request, docker_client, image_ref, module_containers):
+    """The JPEG ImageFolder with one train file truncated to 100 bytes: a plain run, then one
+    with --skip-bad-images (2 epochs), decoding in the workers or on the device."""
+    job = ["train_amp.py", "--data", "imgs", "--model", "resnet18", "--image-size", "32",
+           "--batch-size", "16", "--num-workers", "2", "--lr", "0.05", "--checkpoint-dir", "",
+           "--progress", "lines", "--decode", request.param]
+    lines = [STEP_FN, f"python3 - <<'EOF'\n{MAKE_JPEGS}\nEOF",
+             "head -c 100 imgs/train/class0/3.jpg > cut && mv cut imgs/train/class0/3.jpg",
+             "step plain " + shlex.join(job + ["--epochs", "1"]),
+             "step skip " + shlex.join(job + ["--epochs", "2", "--skip-bad-images"])]
+    code, logs, c = run_to_end(docker_client, image_ref, ["bash", "-c", "\n".join(lines)])
+    module_containers.append(c)
+    assert code == 0, f"the corrupt-JPEG script failed ({code}):\n{logs}"
+    return request.param, steps_of(logs)
+
+
+def test_a_corrupt_jpeg_stops_the_run_with_an_error_naming_the_file(corrupt_jpeg_runs):
+    """A truncated JPEG should stop training with exit 2 and one error naming the file."""
+    decode, runs = corrupt_jpeg_runs
+    plain = runs["plain"]
+    assert plain["rc"] == 2, f"--decode {decode}: exited {plain['rc']}, not 2:\n{show(plain)}"
+    assert len(plain["err"]) == 1, f"--decode {decode}: expected one error line:\n{show(plain)}"
+    assert plain["err"][0].startswith(
+        "train_amp.py: error: cannot read image imgs/train/class0/3.jpg ("), show(plain)
+    assert "--skip-bad-images" in plain["err"][0], f"no fix given: {plain['err'][0]}"
+
+
+def test_skip_bad_images_finishes_and_counts_the_skipped_file(corrupt_jpeg_runs):
+    """--skip-bad-images should warn once naming the file and count 1 skipped per epoch."""
+    decode, runs = corrupt_jpeg_runs
+    skip = runs["skip"]
+    assert skip["rc"] == 0, f"--decode {decode}: exited {skip['rc']}:\n{show(skip)}"
+    warnings = [ln for ln in skip["err"] if "skipping unreadable image" in ln]
+    assert len(warnings) == 1 and "imgs/train/class0/3.jpg" in warnings[0], (
+        f"--decode {decode}: expected one warning naming the file:\n{show(skip)}")
+    summaries = [ln for ln in skip["out"] if SUMMARY.match(ln)]
+    assert len(summaries) == 2 and all(ln.endswith(", skipped 1 unreadable image(s)")
+                                       for ln in summaries), (
+        f"--decode {decode}: each epoch should report 1 skipped image:\n{show(skip)}")
+    # 48 train images, 1 unreadable: the 3 batches of 16 hold 47, so accuracy is k/47.
+    acc = float(re.search(r"train_acc ([\d.]+)%", summaries[0]).group(1))
+    assert any(abs(acc - 100 * k / 47) < 0.006 for k in range(48)), (
+        f"epoch 1 accuracy {acc}% is not a count out of 47 images: the file was not left out")
 
 
 def test_benchmark_times_steps_and_writes_json(start_container):
@@ -498,3 +772,153 @@ def test_channels_last_flag_trains_in_nhwc_on_cpu(run_in_image):
                                "--checkpoint-dir", ""])
     assert code == 0, f"exited {code}:\n{logs}"
     assert "channels_last=True" in logs and SUMMARY.search(logs), f"no NHWC epoch:\n{logs}"
+
+
+# ---------------------------------------------------------------------------------------
+# what the flags really do, seen in train_amp's own objects (not in its log line)
+
+# Runs train_amp.main(argv) in-process with spies: the first convolution's output dtype and
+# whether its input and weight are NHWC, the TF32 flags and how many train steps ran, and
+# Dynamo's compiled-graph count. PROBE_STOP_AFTER=N sends itself SIGTERM after N steps (a
+# preemption); PROBE_BREAK_RESUME=1 makes --resume keep only the weights (a broken resume).
+# Prints "PROBE <label> {json}".
+TRAIN_AMP_PROBE = r"""
+import json, os, signal, sys, torch
+sys.path.insert(0, "/usr/local/bin")
+import train_amp
+from torch._dynamo.utils import counters
+label, argv = sys.argv[1], sys.argv[2:]
+seen = {"conv_out_dtype": set(), "conv_in_nhwc": set(), "conv_weight_nhwc": set(), "tf32": set(), "steps": 0}
+real_build, real_step, real_load = train_amp.build_model, train_amp.train_step, train_amp.load_checkpoint
+def build_model(*a, **k):
+    net = real_build(*a, **k)
+    conv = next(m for m in net.modules() if isinstance(m, torch.nn.Conv2d))
+    def hook(mod, inp, out):
+        seen["conv_out_dtype"].add(str(out.dtype))
+        seen["conv_in_nhwc"].add(inp[0].is_contiguous(memory_format=torch.channels_last))
+        seen["conv_weight_nhwc"].add(mod.weight.is_contiguous(memory_format=torch.channels_last))
+    if "--compile" not in argv:  # Dynamo would trace the hook into the graph
+        conv.register_forward_hook(hook)
+    return net
+def train_step(*a, **k):
+    seen["tf32"].add((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+    seen["steps"] += 1
+    out = real_step(*a, **k)
+    if seen["steps"] == int(os.environ.get("PROBE_STOP_AFTER", 0)):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return out
+def load_checkpoint(*a, **k):
+    ckpt = real_load(*a, **k)
+    if os.environ.get("PROBE_BREAK_RESUME"):
+        ckpt.update(epoch=0, step_in_epoch=0, global_step=0, history=[])
+    return ckpt
+train_amp.build_model, train_amp.train_step, train_amp.load_checkpoint = build_model, train_step, load_checkpoint
+code = train_amp.main(argv)
+seen = {k: sorted(v) if isinstance(v, set) else v for k, v in seen.items()}
+seen.update(exit=code, graphs=counters["stats"]["unique_graphs"], inductor=dict(counters["inductor"]))
+print(f"PROBE {label} " + json.dumps(seen), flush=True)
+"""
+
+
+def probe_script(runs):
+    """A bash script that writes the probe and runs it once per (label, env, args)."""
+    lines = ["set -e", f"cat > /tmp/probe.py <<'PYEOF'\n{TRAIN_AMP_PROBE}PYEOF"]
+    for label, env, args in runs:
+        lines.append(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "python3 /tmp/probe.py",
+                               label, *map(shlex.quote, args)]))
+    return "\n".join(lines) + "\n"
+
+
+def probes(logs):
+    return {label: json.loads(data) for label, data in re.findall(r"^PROBE (\S+) (.*)$", logs, re.MULTILINE)}
+
+
+@pytest.fixture(scope="module")
+def flag_probes(docker_client, image_ref, module_containers):
+    """Two-step synthetic runs: AMP auto + channels_last; AMP off + NCHW; AMP off + --tf32."""
+    few = [*SYNTH, "--steps", "2", "--checkpoint-dir", ""]
+    script = probe_script([
+        ("auto-nhwc", {}, [*few, "--amp", "auto", "--channels-last"]),
+        ("off-nchw", {}, [*few, "--amp", "off", "--channels-last", "off"]),
+        ("off-tf32", {}, [*few, "--amp", "off", "--tf32"]),
+    ])
+    c = docker_client.containers.run(image_ref, ["bash", "-c", script], detach=True, shm_size="1g")
+    module_containers.append(c)
+    code = c.wait(timeout=600)["StatusCode"]
+    logs = c.logs().decode(errors="replace")
+    assert code == 0, f"the probe runs failed ({code}):\n{logs}"
+    seen = probes(logs)
+    assert set(seen) == {"auto-nhwc", "off-nchw", "off-tf32"}, f"missing probe results:\n{logs}"
+    assert all(r["exit"] == 0 and r["steps"] == 2 for r in seen.values()), f"a probe run did not train:\n{logs}"
+    return seen
+
+
+def test_amp_auto_on_cpu_runs_the_convolutions_in_bf16(flag_probes):
+    """--amp auto on CPU should make the model's convolutions compute in bf16 (and --amp off in FP32)."""
+    assert flag_probes["auto-nhwc"]["conv_out_dtype"] == ["torch.bfloat16"], (
+        f"--amp auto: the first convolution's output should be bf16: {flag_probes['auto-nhwc']}")
+    # The contrast shows the probe tells the two apart.
+    assert flag_probes["off-nchw"]["conv_out_dtype"] == ["torch.float32"], (
+        f"--amp off: the first convolution's output should be FP32: {flag_probes['off-nchw']}")
+
+
+def test_channels_last_flag_makes_the_weights_and_batches_nhwc(flag_probes):
+    """--channels-last should give the convolutions NHWC weights and inputs (off: NCHW)."""
+    on, off = flag_probes["auto-nhwc"], flag_probes["off-nchw"]
+    assert (on["conv_in_nhwc"], on["conv_weight_nhwc"]) == ([True], [True]), (
+        f"--channels-last: input and weight of the first convolution should be NHWC: {on}")
+    assert (off["conv_in_nhwc"], off["conv_weight_nhwc"]) == ([False], [False]), (
+        f"--channels-last off: they should stay NCHW: {off}")
+
+
+def test_amp_off_trains_with_tf32_off(flag_probes):
+    """--amp off should train with TF32 off for matmuls and cuDNN (strict FP32); --tf32 turns it on."""
+    assert flag_probes["off-nchw"]["tf32"] == [[False, False]], (
+        f"--amp off: (matmul, cudnn) allow_tf32 during training should be off: {flag_probes['off-nchw']['tf32']}")
+    assert flag_probes["off-tf32"]["tf32"] == [[True, True]], (
+        f"--tf32: both should be on (and the probe able to see it): {flag_probes['off-tf32']['tf32']}")
+
+
+@pytest.mark.parametrize("env, compiles", [({}, True), ({"TORCH_COMPILE_DISABLE": "1"}, False)],
+                         ids=["image", "mutation-compile-disabled"])
+def test_compile_flag_really_compiles_graphs(run_in_image, env, compiles):
+    """--compile should make Dynamo/Inductor compile the model's graphs, not just log compile=True."""
+    script = probe_script([("compile", env, [*SYNTH, "--steps", "2", "--compile", "--amp", "off",
+                                             "--checkpoint-dir", ""])])
+    code, logs = run_in_image(["bash", "-c", script], timeout=600)
+    assert code == 0, f"the --compile probe failed ({code}):\n{logs}"
+    seen = probes(logs)["compile"]
+    assert seen["exit"] == 0 and seen["steps"] == 2, f"--compile did not train 2 steps: {seen}"
+    compiled = seen["graphs"] > 0 and bool(seen["inductor"])
+    assert compiled == compiles, (
+        f"compiled graphs: {seen['graphs']}, Inductor counters: {seen['inductor']}; expected compiled={compiles}"
+        f" (env {env}; train_amp logged compile=True either way: {'compile=True' in logs})")
+
+
+def test_resume_runs_only_the_remaining_steps_and_matches_a_fresh_run(run_in_image):
+    """--resume should train only the steps left after a preemption and end where a fresh run ends."""
+    job = [*SYNTH, "--steps", "8", "--seed", "3", "--log-every", "2"]
+    script = probe_script([
+        ("stopped", {"PROBE_STOP_AFTER": "3"}, [*job, "--checkpoint-dir", "ck"]),
+    ]) + "cp -r ck ck-broken\n" + probe_script([
+        ("resumed", {}, [*job, "--checkpoint-dir", "ck", "--resume", "--metrics", "resumed.json"]),
+        ("fresh", {}, [*job, "--checkpoint-dir", "", "--metrics", "fresh.json"]),
+        # The mutation: a resume that loads the weights but starts the job over.
+        ("broken", {"PROBE_BREAK_RESUME": "1"}, [*job, "--checkpoint-dir", "ck-broken", "--resume"]),
+    ]) + ("python3 -c 'import json; print(\"METRICS\", json.dumps([json.load(open(f))[\"history\"]"
+          " for f in (\"resumed.json\", \"fresh.json\")]))'\n")
+    code, logs = run_in_image(["bash", "-c", script], timeout=600)
+    assert code == 0, f"the resume probes failed ({code}):\n{logs}"
+    seen = probes(logs)
+    assert [seen[k]["exit"] for k in ("stopped", "resumed", "fresh", "broken")] == [0, 0, 0, 0], (
+        f"every run should exit 0:\n{logs}")
+    assert re.search(r"stopped by SIGTERM at epoch 1 step 3/8", logs), f"the first run should stop after step 3:\n{logs}"
+    assert (seen["stopped"]["steps"], seen["fresh"]["steps"]) == (3, 8), f"unexpected step counts: {seen}"
+    assert seen["resumed"]["steps"] == 8 - 3, (
+        f"--resume should run only the 5 remaining steps, ran {seen['resumed']['steps']}")
+    assert seen["broken"]["steps"] == 8, f"the probe should count all 8 steps of a resume that starts over: {seen}"
+    resumed, fresh = json.loads(re.search(r"^METRICS (.*)$", logs, re.MULTILINE).group(1))
+    assert len(resumed) == len(fresh) == 1, f"one epoch each: {resumed} / {fresh}"
+    for key in ("train_loss", "train_acc", "val_loss", "val_acc"):
+        assert resumed[0][key] == pytest.approx(fresh[0][key], rel=1e-5, abs=1e-6), (
+            f"{key}: resumed {resumed[0][key]} != fresh run {fresh[0][key]}")
