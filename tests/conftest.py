@@ -206,3 +206,15 @@ def hook_mount(tmp_path, script, name="10-test.sh"):
     (hooks / name).write_text(script + "\n")
     hooks.chmod(0o755)
     return {"volumes": {str(hooks): {"bind": "/etc/team/hooks.d", "mode": "ro"}}}
+
+
+@pytest.fixture
+def docker_network(docker_client):
+    """A user-defined bridge network (its DNS resolves container names); always removed,
+    with any container still attached to it."""
+    net = docker_client.networks.create(f"test-{uuid.uuid4().hex[:10]}", driver="bridge")
+    yield net
+    net.reload()
+    for c in net.containers:
+        c.remove(force=True, v=True)
+    net.remove()

@@ -169,18 +169,6 @@ def test_compile_on_a_noexec_tmp_exits_2_with_the_fix(run_in_image):
     assert not SUMMARY.search(out), f"it trained first:\n{out[-3000:]}"
 
 
-@pytest.fixture
-def cluster_network(docker_client):
-    """A user-defined bridge network (its DNS resolves container names); always removed, with
-    any container still attached to it."""
-    net = docker_client.networks.create(f"cluster-{uuid.uuid4().hex[:10]}", driver="bridge")
-    yield net
-    net.reload()
-    for c in net.containers:
-        c.remove(force=True, v=True)
-    net.remove()
-
-
 def srun_env(rank, ntasks, nodelist, job_id="4242"):
     """The variables `srun --ntasks N` gives task `rank` (one task per node here)."""
     return {"SLURM_NTASKS": str(ntasks), "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
@@ -188,14 +176,14 @@ def srun_env(rank, ntasks, nodelist, job_id="4242"):
             "SLURM_TASKS_PER_NODE": f"1(x{ntasks})", "GLOO_SOCKET_IFNAME": "eth0"}
 
 
-def test_two_srun_tasks_in_two_containers_train_one_job(start_container, cluster_network):
+def test_two_srun_tasks_in_two_containers_train_one_job(start_container, docker_network):
     """Two containers given srun's SLURM_* variables (no torchrun) should form one 2-rank job."""
     prefix = f"slurm-{uuid.uuid4().hex[:8]}-node"
     names = [f"{prefix}{i}" for i in range(2)]
     # As srun would: the compressed list (prefix[0-1]); the master port comes from the job id.
     cmd = ["python", "/usr/local/bin/train_amp.py", *SYNTH, "--epochs", "1", "--log-every", "1",
            "--checkpoint-dir", "/tmp/ck", "--dist-timeout", "240"]
-    nodes = [start_container(cmd, name=n, hostname=n, network=cluster_network.name,
+    nodes = [start_container(cmd, name=n, hostname=n, network=docker_network.name,
                              entrypoint="", user="12345:12345",
                              environment=srun_env(i, 2, f"{prefix}[0-1]"))
              for i, n in enumerate(names)]

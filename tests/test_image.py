@@ -381,13 +381,7 @@ class _SavedImage:
     """Stands in for a docker SDK image whose `docker save` is the given {name: bytes}."""
 
     def __init__(self, members):
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for name, data in members.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        self.data = buf.getvalue()
+        self.data = _layer(members)  # a docker save archive is a tar like a layer
 
     def save(self, chunk_size):
         return (self.data[i:i + chunk_size] for i in range(0, len(self.data), chunk_size))

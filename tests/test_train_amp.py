@@ -381,6 +381,15 @@ def steps_of(logs):
     return runs
 
 
+def run_steps(docker_client, image_ref, module_containers, lines, what):
+    """Run a script of `step NAME cmd` lines ending in INSPECT_LAST in one container:
+    -> (steps_of its logs, the inspected checkpoint's summary)."""
+    code, logs, c = run_to_end(docker_client, image_ref, ["bash", "-c", "\n".join(lines)])
+    module_containers.append(c)
+    assert code == 0, f"the {what} script failed ({code}):\n{logs}"
+    return steps_of(logs), json.loads(re.search(r"^CKPT (.*)$", logs, re.MULTILINE).group(1))
+
+
 def show(run):
     return "\n".join(["stdout:", *run["out"], "stderr:", *run["err"]])
 
@@ -397,11 +406,7 @@ def checkpoint_dir_runs(docker_client, image_ref, module_containers):
              "step overwrite " + shlex.join(job + ["--steps", "2", "--overwrite"]),
              "step compare " + shlex.join(job + ["--steps", "2", "--compare", "--out", "cmp"]),
              'set -- ck/last.pt', INSPECT_LAST]
-    code, logs, c = run_to_end(docker_client, image_ref, ["bash", "-c", "\n".join(lines)])
-    module_containers.append(c)
-    assert code == 0, f"the checkpoint-dir script failed ({code}):\n{logs}"
-    runs = steps_of(logs)
-    runs["final"] = json.loads(re.search(r"^CKPT (.*)$", logs, re.MULTILINE).group(1))
+    runs, runs["final"] = run_steps(docker_client, image_ref, module_containers, lines, "checkpoint-dir")
     return runs
 
 
@@ -451,11 +456,7 @@ def diverging_runs(docker_client, image_ref, module_containers):
              "step diverge " + shlex.join(bad + ["--checkpoint-dir", "ck", "--overwrite"]),
              "step every " + shlex.join(bad + ["--checkpoint-dir", "ck2", "--save-every", "1"]),
              "set -- ck2/last.pt", INSPECT_LAST]
-    code, logs, c = run_to_end(docker_client, image_ref, ["bash", "-c", "\n".join(lines)])
-    module_containers.append(c)
-    assert code == 0, f"the divergence script failed ({code}):\n{logs}"
-    runs = steps_of(logs)
-    runs["ck2"] = json.loads(re.search(r"^CKPT (.*)$", logs, re.MULTILINE).group(1))
+    runs, runs["ck2"] = run_steps(docker_client, image_ref, module_containers, lines, "divergence")
     return runs
 
 
@@ -714,18 +715,6 @@ def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
 
 # ---------------------------------------------------------------------------------------
 # distributed: two containers as two nodes
-
-@pytest.fixture
-def docker_network(docker_client):
-    """A user-defined bridge network (its DNS resolves container names); always removed,
-    with any container still attached to it."""
-    net = docker_client.networks.create(f"train-amp-{uuid.uuid4().hex[:10]}", driver="bridge")
-    yield net
-    net.reload()
-    for c in net.containers:
-        c.remove(force=True, v=True)
-    net.remove()
-
 
 def test_two_containers_train_as_two_nodes_over_c10d_rendezvous(start_container,
                                                                 docker_network):
