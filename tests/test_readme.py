@@ -1,0 +1,224 @@
+"""README.zh-CN.md should say what README.md says: section by section, the same code-block lines,
+inline code, make targets, UPPER_CASE names, ports, figures and links. Host-side and fast: no
+image, no Docker (these tests use no fixture, so IMAGE_REF need not be set).
+
+Sections are paired by anchor: each heading of the translation has `<a id="KEY"></a>` on the line
+above it, KEY being GitHub's anchor for the English heading, so links into either README agree and
+a failure names the section to fix. What these tests cannot see: a prose sentence holding none of
+those items; when README.md changes, read its diff too."""
+import pathlib
+import re
+from dataclasses import dataclass, field
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EN = ROOT / "README.md"
+ZH = ROOT / "README.zh-CN.md"
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*$")
+ANCHOR = re.compile(r'^<a id="([^"]+)"></a>\s*$')
+# ASCII classes throughout: in Python's Unicode mode a CJK character counts as \w, so `\b` and
+# `\w` lookarounds would miss a name or a number written right next to Chinese text.
+A = re.ASCII
+# A placeholder may be translated (`<tag>`, `<the reference it prints>`): compared as `<...>`.
+PLACEHOLDER = re.compile(r"<(?=[^<>\n]*[^\W\d_])[^<>\n]{1,60}>")
+COMMENT = re.compile(r"(?:^|\s)#(?:\s.*)?$")  # shell comments are prose: may be translated
+MAKE = re.compile(r"\bmake\s+(?:[A-Z_]+=\S*\s+)*([a-z][\w-]*)", A)
+UPPER_ANYWHERE = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b", A)
+UPPER_IN_CODE = re.compile(r"\b[A-Z][A-Z0-9_]+\b", A)
+PORTS = [re.compile(p, A | re.IGNORECASE) for p in (
+    r"-p\s+(?:\d+\.\d+\.\d+\.\d+:)?(\d{2,5})\b(?!\.)(?::(\d{2,5})\b)?",  # docker -p, ssh -p
+    r"(?:\d+\.\d+\.\d+\.\d+|\[?[A-Za-z][\w.-]*\]?):(\d{2,5})(?![\w.:])",  # host:port
+    r"(?:^|[\s(`])(?:on\s+)?:(\d{2,5})(?![\w.:])",  # ":8888"
+    r"\b(?:port|ports|on):?\s+`?(\d{2,5})\b(?![.,]\d)",
+    r"(?:端口|端口号)[:：]?\s*`?(\d{2,5})\b",
+    r"\b(\d{2,5})`?\s*端口",
+    r"\b(\d{2,5})/tcp\b",
+    r"\bPORT\w*=(\d{2,5})\b",
+)]
+FIGURE = re.compile(r"(?<![A-Za-z0-9_.])\d+(?:[.,]\d+)*", A)
+INLINE = re.compile(r"`([^`]+)`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+CROSS_LINKS = {"README.md", "README.zh-CN.md"}
+
+
+def make_targets():
+    text = (ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([a-zA-Z][\w-]*)\s*:(?!=)", text, re.MULTILINE))
+
+
+def github_slug(title):
+    """GitHub's heading anchor: markup dropped, lower case, punctuation removed, spaces -> '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title).replace("`", "").replace("**", "")
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    line: int
+    end: int = 0
+    lines: list = field(default_factory=list)  # (line number, text, in a code block: True/False/None=fence)
+
+    def text(self, code=None):
+        """The section's code (True), prose (False) or all of it as one string; left-out lines are
+        blank, so an offset still maps to its line."""
+        return "\n".join(t if code in (None, c) else "" for _, t, c in self.lines)
+
+    def line_at(self, text, offset):
+        return self.lines[0][0] + text.count("\n", 0, offset) if self.lines else self.line
+
+
+def sections(path):
+    """Split a README at its headings (not at '#' lines inside code blocks). A section's key is the
+    `<a id>` on the line above its heading, else GitHub's anchor for the heading."""
+    result, seen, anchor, in_code = [Section("", "(before the first heading)", 1)], {}, None, False
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if FENCE.match(line):
+            in_code = not in_code
+            result[-1].lines.append((n, "", None))  # neither code nor prose, kept for numbering
+            continue
+        if not in_code and ANCHOR.match(line):
+            anchor = ANCHOR.match(line).group(1)
+            continue
+        heading = None if in_code else HEADING.match(line)
+        if heading:
+            key = anchor or github_slug(heading.group(2))
+            if not anchor and key in seen:  # GitHub numbers repeated anchors: x, x-1, x-2
+                seen[key] += 1
+                key = f"{key}-{seen[key]}"
+            seen.setdefault(key, 0)
+            result[-1].end = n - 1
+            result.append(Section(key, heading.group(2), n))
+            anchor = None
+            continue
+        if line.strip():
+            anchor = None
+        result[-1].lines.append((n, line, in_code))
+    result[-1].end = n
+    return [s for s in result if s.key or s.lines and any(t.strip() for _, t, _ in s.lines)]
+
+
+def normalise(s):
+    return " ".join(PLACEHOLDER.sub("<...>", s).split())
+
+
+def extract(section, targets):
+    """{category: {item: first line number}} for one section."""
+    found = {}
+
+    def add(category, item, line):
+        if item:
+            found.setdefault(category, {}).setdefault(item, line)
+
+    code, prose = section.text(True), section.text(False)
+    # Code-block lines: backslash continuations joined, comments dropped, spacing normalised.
+    logical, start = "", None
+    for n, t, in_code in section.lines:
+        if not in_code:
+            if logical:  # a block ended on a backslash
+                add("code-block line", normalise(COMMENT.sub("", logical)), start)
+            logical, start = "", None
+            continue
+        start = start or n
+        logical += " " + t.rstrip()
+        if logical.endswith("\\"):
+            logical = logical[:-1]
+            continue
+        add("code-block line", normalise(COMMENT.sub("", logical)), start)
+        logical, start = "", None
+    inline = [(m.group(1), section.line_at(prose, m.start())) for m in INLINE.finditer(prose)]
+    for span, line in inline:
+        add("inline code", normalise(span), line)
+    everything = section.text()
+    for m in MAKE.finditer(everything):
+        if m.group(1) in targets:
+            add("make target", f"make {m.group(1)}", section.line_at(everything, m.start()))
+    for m in UPPER_ANYWHERE.finditer(everything):
+        add("UPPER_CASE name", m.group(0), section.line_at(everything, m.start()))
+    for m in UPPER_IN_CODE.finditer(code):
+        add("UPPER_CASE name", m.group(0), section.line_at(code, m.start()))
+    for span, line in inline:
+        for name in UPPER_IN_CODE.findall(span):
+            add("UPPER_CASE name", name, line)
+    for rx in PORTS:
+        for m in rx.finditer(everything):
+            for port in filter(None, m.groups()):
+                add("port", port, section.line_at(everything, m.start()))
+    bare = INLINE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), prose)  # figures outside code
+    for m in FIGURE.finditer(bare):
+        add("figure", m.group(0), section.line_at(bare, m.start()))
+    for m in LINK.finditer(prose):
+        if m.group(1) not in CROSS_LINKS:
+            add("link", m.group(1), section.line_at(prose, m.start()))
+    return found
+
+
+def test_translation_has_every_section_in_the_same_order():
+    """README.zh-CN.md should have one section per README.md heading, in order, and no other."""
+    en, zh = sections(EN), sections(ZH)
+    en_keys, zh_keys = [s.key for s in en], [s.key for s in zh]
+    problems = []
+    for s in en:
+        if s.key not in zh_keys:
+            problems.append(f'  untranslated: "{s.title}" (README.md:{s.line}-{s.end}): translate it and put '
+                            f'<a id="{s.key}"></a> on the line above its heading in {ZH.name}')
+    untranslated = [k for k in en_keys if k not in zh_keys]
+    for s in zh:
+        if s.key not in en_keys:
+            problems.append(f'  {ZH.name}:{s.line} "{s.title}" has anchor "{s.key}", which is no heading of '
+                            f"README.md (renamed or removed? untranslated there: {untranslated})")
+    common_en = [k for k in en_keys if k in zh_keys]
+    common_zh = [k for k in zh_keys if k in en_keys]
+    if common_en != common_zh:
+        i = next(i for i, (a, b) in enumerate(zip(common_en, common_zh)) if a != b)
+        problems.append(f"  order differs: after #{common_en[i - 1]}, README.md has #{common_en[i]}, "
+                        f"{ZH.name} has #{common_zh[i]}")
+    assert not problems, f"{ZH.name} sections do not match README.md's:\n" + "\n".join(problems)
+
+
+def test_translation_matches_english_section_by_section():
+    """Each translated section should hold the same code lines, inline code, make targets, names,
+    ports, figures and links as its English section: none missing on either side."""
+    targets = make_targets()
+    zh = {s.key: s for s in sections(ZH)}
+    report = []
+    for s in sections(EN):
+        if s.key not in zh:
+            continue  # reported by the section test
+        en_items, zh_items = extract(s, targets), extract(zh[s.key], targets)
+        lines = []
+        for side, have, other, name in (("missing from", en_items, zh_items, ZH.name),
+                                        ("only in", zh_items, en_items, ZH.name)):
+            where = EN.name if side == "missing from" else ZH.name
+            for category in sorted(have):
+                for item, line in have[category].items():
+                    if item not in other.get(category, {}):
+                        lines.append(f"    {side} {name}: {category} {item!r} ({where}:{line})")
+        if lines:
+            report.append(f'  section "{s.title}" (#{s.key}; README.md:{s.line}, {ZH.name}:{zh[s.key].line}):')
+            report.extend(lines)
+    assert not report, (
+        f"{ZH.name} does not say what README.md says. Each item is quoted as it must appear in the "
+        "other file (code comments and <placeholders> may be translated; everything else is kept "
+        "verbatim):\n" + "\n".join(report))
+
+
+def test_readmes_link_each_other_at_the_top():
+    """README.md should link README.zh-CN.md, and the translation README.md, in their first lines."""
+    for path, other in ((EN, ZH.name), (ZH, EN.name)):
+        head = path.read_text(encoding="utf-8").splitlines()[:5]
+        assert any(f"]({other})" in line for line in head), \
+            f"{path.name} has no link ]({other}) in its first 5 lines: {head}"
+
+
+def test_internal_links_point_at_a_heading():
+    """Every [text](#anchor) in either README should name a section of that README."""
+    for path in (EN, ZH):
+        secs = sections(path)
+        keys = {s.key for s in secs} | {github_slug(s.title) for s in secs}
+        text = path.read_text(encoding="utf-8")
+        broken = [f"{path.name}:{text.count(chr(10), 0, m.start()) + 1} #{m.group(1)}"
+                  for m in re.finditer(r"\]\(#([^)\s]+)\)", text) if m.group(1) not in keys]
+        assert not broken, f"links to no heading: {broken}\nanchors there: {sorted(keys)}"
