@@ -218,7 +218,7 @@ def operator_pods(manifest, nodes=2, nproc=1):
 # ---------------------------------------------------------------------------------------
 # What the manifests must say, beyond what the schemas can check.
 
-def trainer_pods():
+def manifest_pods():
     """(id, pod spec, container) of every pod the operators would make of k8s/, at full size."""
     return [(f"{manifest}:{address}", spec, container)
             for manifest in MANIFESTS for address, container, spec, _ in operator_pods(manifest, None, None)]
@@ -232,7 +232,7 @@ def quantity(text):
     return int(m.group(1)) * (1024 if (m.group(2) or "").endswith("i") else 1000) ** power
 
 
-@pytest.mark.parametrize("pod_id, spec, container", trainer_pods(), ids=[p[0] for p in trainer_pods()])
+@pytest.mark.parametrize("pod_id, spec, container", manifest_pods(), ids=[p[0] for p in manifest_pods()])
 def test_pod_keeps_the_entrypoint_runs_non_root_and_has_a_real_shm(pod_id, spec, container):
     """Each pod should use args (not command), a numeric non-root user and an in-memory /dev/shm."""
     assert "command" not in container, f"{pod_id}: command replaces the image's ENTRYPOINT; use args"
