@@ -21,14 +21,15 @@ import versions  # scripts/versions.py: the image tag the manifests must name
 
 K8S = ROOT / "k8s"
 SCHEMAS = ROOT / "tests" / "data" / "k8s"
-MANIFESTS = ["pytorchjob.yaml", "trainjob.yaml"]
+JOBS = ["pytorchjob.yaml", "trainjob.yaml"]
+MANIFESTS = [*JOBS, "workspace-pvc.yaml"]
 # The pinned CRD schema for each (group, kind); tests/data/k8s/pin.py made them.
 CRDS = {
     ("kubeflow.org", "PyTorchJob"): "kubeflow.org_pytorchjobs-v1.9.4.json",
     ("trainer.kubeflow.org", "TrainJob"): "trainer.kubeflow.org_trainjobs-v2.3.0.json",
     ("trainer.kubeflow.org", "TrainingRuntime"): "trainer.kubeflow.org_trainingruntimes-v2.3.0.json",
 }
-K8S_DEFS = "kubernetes-1.33-podtemplatespec.json"
+K8S_DEFS = "kubernetes-1.33-subset.json"
 
 
 def load(name):
@@ -89,6 +90,8 @@ def errors(validator, instance):
 
 def schema_errors(doc):
     """Everything the pinned schemas reject in one document, as readable lines."""
+    if doc["apiVersion"] == "v1":  # a core kind: Kubernetes' own definition
+        return errors(k8s_validator(f"io.k8s.api.core.v1.{doc['kind']}"), doc)
     group, version = doc["apiVersion"].split("/")
     found = errors(crd_validator(group, doc["kind"], version), doc)
     found += [f"metadata: {e}" for e in errors(k8s_validator("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"), doc["metadata"])]
@@ -127,6 +130,7 @@ PJ_POD = ["spec", "pytorchReplicaSpecs", "Master", "template", "spec"]
 TJ_POD = ["spec", "template", "spec", "replicatedJobs", 0, "template", "spec", "template", "spec"]
 BROKEN = {
     "misspelt-container-field": ("pytorchjob.yaml", 0, [*PJ_POD, "containers", 0, "comand"], ["x"]),
+    "pvc-access-mode-as-string": ("workspace-pvc.yaml", 0, ["spec", "accessModes"], "ReadWriteMany"),
     "uid-as-string": ("pytorchjob.yaml", 0, [*PJ_POD, "securityContext", "runAsUser"], "1000"),
     "replicas-as-string": ("pytorchjob.yaml", 0, ["spec", "pytorchReplicaSpecs", "Worker", "replicas"], "1"),
     "nproc-as-integer": ("pytorchjob.yaml", 0, ["spec", "nprocPerNode"], 8),
@@ -221,7 +225,7 @@ def operator_pods(manifest, nodes=2, nproc=1):
 def manifest_pods():
     """(id, pod spec, container) of every pod the operators would make of k8s/, at full size."""
     return [(f"{manifest}:{address}", spec, container)
-            for manifest in MANIFESTS for address, container, spec, _ in operator_pods(manifest, None, None)]
+            for manifest in JOBS for address, container, spec, _ in operator_pods(manifest, None, None)]
 
 
 def quantity(text):
@@ -251,6 +255,17 @@ def test_pod_keeps_the_entrypoint_runs_non_root_and_has_a_real_shm(pod_id, spec,
         assert "/tmp" in mounts, f"{pod_id}: a read-only root needs a writable /tmp"
     assert container["image"].endswith(":" + versions.tag(version_row())), (
         f"{pod_id}: the image tag should follow versions.json ({versions.tag(version_row())})")
+
+
+def test_jobs_mount_the_shared_workspace_claim_defined_in_k8s():
+    """Every pod's workspace should be the ReadWriteMany claim that k8s/workspace-pvc.yaml makes."""
+    pvc = load("workspace-pvc.yaml")[0]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"], f"the nodes share it: {pvc['spec']}"
+    for pod_id, spec, container in manifest_pods():
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/workspace")
+        claim = volumes[mount["name"]].get("persistentVolumeClaim", {}).get("claimName")
+        assert claim == pvc["metadata"]["name"], f"{pod_id}: /workspace is {volumes[mount['name']]}"
 
 
 def test_gpu_limits_match_the_processes_per_node():
@@ -287,7 +302,7 @@ def _env_lists(doc):
         yield doc["spec"]["trainer"].get("env", [])
 
 
-@pytest.mark.parametrize("name", MANIFESTS)
+@pytest.mark.parametrize("name", JOBS)
 def test_manifest_names_the_infiniband_and_roce_settings(name):
     """Each manifest should carry NCCL's IB/RoCE variables and IPC_LOCK, commented, for the user."""
     text = (K8S / name).read_text()
@@ -351,7 +366,7 @@ def workspace_volume(docker_client, image_ref):
             pass
 
 
-@pytest.mark.parametrize("manifest", MANIFESTS)
+@pytest.mark.parametrize("manifest", JOBS)
 def test_manifest_container_spec_trains_as_two_pods(manifest, workspace_volume, docker_network,
                                                     start_container, docker_client, image_ref):
     """The manifest's container (args, user, shm, read-only root, operator env) should train one 2-node job."""

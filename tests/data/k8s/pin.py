@@ -1,6 +1,7 @@
 """Make the pinned schema copies in this folder from the upstream files (run by hand when a
 version moves; tests/test_k8s.py only reads the results). What is dropped changes no rule:
-`description` texts, and the Kubernetes definitions a PodTemplateSpec cannot reach.
+`description` texts, and the Kubernetes definitions that neither a PodTemplateSpec nor a
+PersistentVolumeClaim (the kinds k8s/ uses) can reach.
 
   git -C kubernetes-client/python show v33.1.0:kubernetes/swagger.json.unprocessed > swagger.json
   git -C kubeflow/trainer show v1.9.4:manifests/base/crds/kubeflow.org_pytorchjobs.yaml > pj.yaml
@@ -53,12 +54,14 @@ def reachable(definitions, root):
 
 def pin_kubernetes(swagger_path):
     defs = json.loads(pathlib.Path(swagger_path).read_text())["definitions"]
-    keep = sorted(reachable(defs, "io.k8s.api.core.v1.PodTemplateSpec"))
+    keep = sorted(reachable(defs, "io.k8s.api.core.v1.PodTemplateSpec")
+                  | reachable(defs, "io.k8s.api.core.v1.PersistentVolumeClaim"))
     out = {"$comment": "Kubernetes OpenAPI definitions reachable from io.k8s.api.core.v1."
-                       "PodTemplateSpec, descriptions removed (tests/data/k8s/pin.py)",
+                       "PodTemplateSpec and PersistentVolumeClaim, descriptions removed"
+                       " (tests/data/k8s/pin.py)",
            "source": K8S_SOURCE,
            "definitions": {name: strip_descriptions(defs[name]) for name in keep}}
-    target = HERE / "kubernetes-1.33-podtemplatespec.json"
+    target = HERE / "kubernetes-1.33-subset.json"
     target.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     print(target.name, len(keep), "definitions")
 
