@@ -189,13 +189,21 @@ def test_translation_matches_english_section_by_section():
             continue  # reported by the section test
         en_items, zh_items = extract(s, targets), extract(zh[s.key], targets)
         lines = []
-        for side, have, other, name in (("missing from", en_items, zh_items, ZH.name),
-                                        ("only in", zh_items, en_items, ZH.name)):
-            where = EN.name if side == "missing from" else ZH.name
-            for category in sorted(have):
-                for item, line in have[category].items():
-                    if item not in other.get(category, {}):
-                        lines.append(f"    {side} {name}: {category} {item!r} ({where}:{line})")
+        for side, have, other, where in (("missing from", en_items, zh_items, EN.name),
+                                         ("only in", zh_items, en_items, ZH.name)):
+            missing = {c: {i: n for i, n in have[c].items() if i not in other.get(c, {})} for c in have}
+            code = [i for c in ("inline code", "code-block line") for i in missing.get(c, {})]
+            by_line = {}
+            for category in sorted(missing):
+                for item, line in missing[category].items():
+                    # A name, target or port inside missing code says nothing new.
+                    if category in ("UPPER_CASE name", "make target", "port") and \
+                            any(item.removeprefix("make ") in c for c in code):
+                        continue
+                    by_line.setdefault(line, {}).setdefault(category, []).append(repr(item))
+            for line in sorted(by_line):
+                items = "; ".join(f"{c} {', '.join(i)}" for c, i in by_line[line].items())
+                lines.append(f"    {side} {ZH.name}, {where}:{line}: {items}")
         if lines:
             report.append(f'  section "{s.title}" (#{s.key}; README.md:{s.line}, {ZH.name}:{zh[s.key].line}):')
             report.extend(lines)
