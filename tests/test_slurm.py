@@ -264,7 +264,8 @@ def test_two_node_job_trains_as_one_and_rank_0_alone_saves(slurm_cluster, run_in
                                  "--checkpoint-dir", "/tmp/ck"], timeout=JOB_S)
     single_wall = time.monotonic() - single_start
     assert code == 0 and "world_size=4 " in single, f"the one-container run failed:\n{single[-4000:]}"
-    figures = {"slurm_2x2": {"wall_s": round(wall, 1), "images_per_s": images_per_s(out)},
+    figures = {"slurm_2x2": {"wall_s": round(wall, 1), "run_time": job.get("RunTime"),
+                             "images_per_s": images_per_s(out)},
                "one_container_torchrun_4": {"wall_s": round(single_wall, 1),
                                             "images_per_s": images_per_s(single)}}
     (artifacts / "slurm-vs-one-container.json").write_text(json.dumps(figures, indent=1) + "\n")
