@@ -156,6 +156,10 @@ class Cluster:
     def logs(self, job_id=None):
         parts = []
         for c in (self.ctl, *self.nodes):
+            try:
+                c.reload()
+            except docker.errors.APIError:
+                pass
             with_status = f"{c.name} ({c.status})"
             try:
                 parts.append(f"--- {with_status}:\n" + c.logs(tail=40).decode(errors="replace"))
