@@ -116,8 +116,10 @@ class Cluster:
         code, out = (container or self.ctl).exec_run(["bash", "-c", script], user=user)
         return code, out.decode(errors="replace")
 
-    def sbatch(self, *args):
-        code, out = self.sh("sbatch --parsable " + " ".join(shlex.quote(str(a)) for a in args))
+    def sbatch(self, *args, env=None):
+        """Submit as the image's user with `env` added to the environment sbatch passes on."""
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+        code, out = self.sh(f"{prefix}sbatch --parsable " + " ".join(shlex.quote(str(a)) for a in args))
         assert code == 0 and out.strip().split(";")[0].isdigit(), f"sbatch failed:\n{out}\n{self.logs()}"
         return out.strip().split(";")[0]
 
@@ -317,3 +319,44 @@ def test_killed_node_fails_the_job_and_resume_continues_from_its_checkpoint(slur
     assert resumed and int(resumed.group(1)) == saved["global_step"], (
         f"the job should resume at global step {saved['global_step']}:\n{out}")
     assert "epoch 2/2:" in out and checkpoint_of(cluster, f"{ck}/last.pt")["global_step"] == 16, out
+
+
+# `apptainer exec [--nv] [--bind X] IMAGE CMD...` -> CMD: the nodes already are the image, so the
+# script's srun -> torchrun -> train_amp.py path runs for real; only the container runtime is not.
+APPTAINER_SHIM = """#!/bin/bash
+[ "$1" = exec ] || { echo "apptainer shim: only exec, got $1" >&2; exit 99; }
+shift
+while [ "$#" -gt 0 ]; do
+  case $1 in
+    --nv) shift ;;
+    --bind|-B) shift 2 ;;
+    -*) echo "apptainer shim: unknown option $1" >&2; exit 99 ;;
+    *) shift; break ;;
+  esac
+done
+echo "apptainer shim on $(hostname): $*" >&2
+exec "$@"
+"""
+
+
+def test_torchrun_script_forms_one_job_across_nodes_over_c10d(slurm_cluster):
+    """slurm/train-apptainer.sbatch (apptainer exec stood in for) should start one torchrun per
+    node that meet at the c10d rendezvous on the first node: one 4-process job, not two."""
+    cluster = slurm_cluster
+    cluster.ctl.put_archive("/shared", tar_of({"bin/apptainer": (APPTAINER_SHIM.encode(), 0o755)}))
+    ck = "/shared/ck-torchrun"
+    _, path = cluster.sh("echo $PATH")
+    job_id = cluster.sbatch(
+        *SBATCH, "--ntasks-per-node=1", f"--cpus-per-task={NODE_CPUS}",
+        "/shared/slurm/train-apptainer.sbatch", *TRAIN, "--epochs", 1, "--checkpoint-dir", ck,
+        env={"SIF": "/shared/team-dl.sif", "GPUS_PER_NODE": "2", "BINDS": "/shared:/shared",
+             "PATH": f"/shared/bin:{path.strip()}"})
+    job = cluster.wait_job(job_id)
+    out = cluster.output(job_id)
+    assert job["JobState"] == "COMPLETED" and job["NumTasks"] == "2", (
+        f"job {job_id} should complete with one task per node: {job}\n{cluster.logs(job_id)}")
+    shims = re.findall(r"^apptainer shim on (\S+): torchrun ", out, re.MULTILINE)
+    assert sorted(shims) == sorted(n.name for n in cluster.nodes), f"one torchrun per node:\n{out}"
+    assert "launch: torchrun: rank 0, world size 4, local rank 0 of 2" in out, out
+    assert "world_size=4 " in out and "steps/epoch=2 " in out and SUMMARY.search(out), out
+    assert checkpoint_of(cluster, f"{ck}/last.pt") == {"global_step": 2, "world_size": 4}
