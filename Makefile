@@ -107,8 +107,8 @@ smoke: ## Run smoke_tests/ inside a container (GPU if present; SMOKE_ARGS=--requ
 	$(DOCKER) run --rm $(GPU_FLAGS) --shm-size=8g $(REF) smoke $(SMOKE_ARGS)
 
 lint: test-deps ## hadolint, shellcheck, ruff, actionlint, compose/dependabot schemas
-	$(TEST_VENV)/bin/hadolint docker/Dockerfile
-	$(TEST_VENV)/bin/shellcheck -x $(shell git ls-files '*.sh' .ci/run docker/rootfs/usr/local/bin)
+	$(TEST_VENV)/bin/hadolint docker/Dockerfile tests/slurm-node/Dockerfile
+	$(TEST_VENV)/bin/shellcheck -x $(shell git ls-files '*.sh' '*.sbatch' .ci/run docker/rootfs/usr/local/bin)
 	$(TEST_VENV)/bin/ruff check .
 	$(ACTIONLINT)
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml

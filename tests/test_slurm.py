@@ -1,0 +1,362 @@
+"""A real Slurm cluster: a controller and two compute nodes, each a container of the image plus
+Slurm's daemons and munge (tests/slurm-node/Dockerfile), on one Docker network, with a shared
+volume at /shared standing for the cluster file system. Jobs are submitted with real `sbatch` as
+the image's user and run slurm/train-srun.sbatch, the plain-srun script users copy (one task per
+process, no torchrun: train_amp.py takes its rank from SLURM_*), with small CPU arguments."""
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import tarfile
+import time
+import uuid
+
+import pytest
+from conftest import ROOT, remove_containers
+from test_train_amp import SUMMARY, SYNTH
+
+import docker
+
+# Declared per node and used instead of what slurmd finds (SlurmdParameters=config_overrides), so
+# 2 tasks per node fit on any host, this 2-core one included.
+NODE_CPUS = 2
+# The job: 2 nodes x 2 tasks over gloo; small enough for a shared 2-core machine.
+TRAIN = [*SYNTH, "--device", "cpu", "--log-every", "1", "--progress", "lines",
+         "--dist-timeout", "120"]
+SBATCH = ["--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0",
+          "--time=15", "--chdir=/shared", "--output=/shared/out/%x-%j.out"]
+# Deadlines (seconds): each wait fails with the cluster's logs when it runs out.
+CLUSTER_UP_S, JOB_S, NODE_FAIL_S = 120, 600, 180
+TERMINAL = {"COMPLETED", "FAILED", "NODE_FAIL", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+SLURM_CONF = """\
+ClusterName=teamtest
+SlurmctldHost={ctl}
+AuthType=auth/munge
+CredType=cred/munge
+SlurmUser=root
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+# No cgroups in these containers: track processes by parent, bind nothing.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+# A dead node is noticed within ~10 s and comes back by itself when its slurmd registers again.
+SlurmdTimeout=10
+MessageTimeout=5
+KillWait=5
+ReturnToService=2
+JobRequeue=0
+# Finished jobs stay in `scontrol show job` (no slurmdbd, so no sacct) and in the jobcomp file.
+MinJobAge=900
+JobCompType=jobcomp/filetxt
+JobCompLoc=/var/log/slurm/jobcomp.log
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+NodeName={nodes} CPUs={cpus} RealMemory=1000 State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=30 State=UP
+"""
+# Each container: the test's munge key (0400, owned by munge), munged, then the Slurm daemon in
+# the foreground (its log is the container's log).
+START = """\
+set -e
+chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
+install -d -o munge -g munge -m 0755 /run/munge
+runuser -u munge -- /usr/sbin/munged
+{extra}
+exec {daemon} -D
+"""
+
+
+def tar_of(files):
+    """A tar archive (bytes) of {path: (bytes, mode)} for put_archive."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, (data, mode) in files.items():
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def slurm_node_image(docker_client, image_ref):
+    """The image plus slurmctld/slurmd/munge, under a tag of its own; removed afterwards (the
+    build cache keeps its layer, so the next run builds it in seconds)."""
+    tag = f"{image_ref.rsplit(':', 1)[0]}-slurm-node:test-{uuid.uuid4().hex[:8]}"
+    cmd = ["/usr/bin/docker", "build", "-f", str(ROOT / "tests/slurm-node/Dockerfile"),
+           "--build-arg", f"IMAGE_REF={image_ref}", "-t", tag, str(ROOT)]
+    if os.environ.get("CA_BUNDLE"):
+        cmd[2:2] = ["--secret", f"id=ca_bundle,src={os.environ['CA_BUNDLE']}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "DOCKER_BUILDKIT": "1"}, check=False)
+    if r.returncode != 0:
+        pytest.fail(f"the Slurm node image did not build:\n{(r.stdout + r.stderr)[-4000:]}")
+    yield tag
+    try:
+        docker_client.images.remove(tag)
+    except docker.errors.NotFound:
+        pass
+
+
+class Cluster:
+    """The running cluster: run commands in it, submit jobs, wait for states, print logs."""
+
+    def __init__(self, ctl, nodes):
+        self.ctl, self.nodes = ctl, nodes
+
+    def sh(self, script, user="dev", container=None):
+        """Run bash `script` in a container (the controller by default): (exit code, output)."""
+        code, out = (container or self.ctl).exec_run(["bash", "-c", script], user=user)
+        return code, out.decode(errors="replace")
+
+    def sbatch(self, *args, env=None):
+        """Submit as the image's user with `env` added to the environment sbatch passes on."""
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+        code, out = self.sh(f"{prefix}sbatch --parsable " + " ".join(shlex.quote(str(a)) for a in args))
+        assert code == 0 and out.strip().split(";")[0].isdigit(), f"sbatch failed:\n{out}\n{self.logs()}"
+        return out.strip().split(";")[0]
+
+    def job(self, job_id):
+        """scontrol's record of a job as a dict (JobState, Reason, ExitCode, NodeList, ...)."""
+        code, out = self.sh(f"scontrol show job -o {job_id}")
+        return dict(re.findall(r"(\w+)=(\S*)", out)) if code == 0 else {}
+
+    def wait_job(self, job_id, timeout=JOB_S):
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job.get("JobState") in TERMINAL:
+                return job
+            if time.monotonic() > deadline:
+                self.sh(f"scancel {job_id}", user="root")
+                pytest.fail(f"job {job_id} did not finish within {timeout}s ({job}):\n"
+                            f"{self.logs(job_id)}")
+            time.sleep(1)
+
+    def output(self, job_id):
+        return self.sh(f"cat /shared/out/*-{job_id}.out")[1]
+
+    def wait_idle(self, timeout=CLUSTER_UP_S):
+        """Until both compute nodes are idle (registered with the controller)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            code, out = self.sh("sinfo -h -N -o '%N %t'")
+            states = dict(ln.split() for ln in out.splitlines() if len(ln.split()) == 2)
+            if code == 0 and [states.get(n.name) for n in self.nodes] == ["idle", "idle"]:
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(f"the nodes are not idle after {timeout}s: {out}\n{self.logs()}")
+            time.sleep(1)
+
+    def logs(self, job_id=None):
+        parts = []
+        for c in (self.ctl, *self.nodes):
+            try:
+                c.reload()
+            except docker.errors.APIError:
+                pass
+            with_status = f"{c.name} ({c.status})"
+            try:
+                parts.append(f"--- {with_status}:\n" + c.logs(tail=40).decode(errors="replace"))
+            except docker.errors.APIError as e:
+                parts.append(f"--- {with_status}: no logs ({e})")
+        if job_id:
+            parts.append(f"--- job {job_id} output:\n" + self.output(job_id)[-6000:])
+        return "\n".join(parts)
+
+
+@pytest.fixture
+def slurm_cluster(docker_client, slurm_node_image, docker_network):
+    """slurmctld and two slurmd nodes on one network, a fresh munge key and a shared volume at
+    /shared holding slurm/ (the scripts users copy). Everything is removed afterwards."""
+    prefix = f"slurm{uuid.uuid4().hex[:6]}"
+    ctl_name, node_names = f"{prefix}-ctl", [f"{prefix}-node{i}" for i in range(2)]
+    conf = SLURM_CONF.format(ctl=ctl_name, nodes=f"{prefix}-node[0-1]", cpus=NODE_CPUS)
+    files = {"slurm/slurm.conf": (conf.encode(), 0o644),
+             "munge/munge.key": (os.urandom(1024), 0o400)}
+    volume = docker_client.volumes.create(f"{prefix}-shared")
+    started = []
+    try:
+        for name in (ctl_name, *node_names):
+            is_ctl = name == ctl_name
+            # The controller owns the shared volume's set-up: the image's user owns it, and it
+            # holds slurm/ as it is in this checkout.
+            extra = "install -d -o dev -g dev /shared/out && chown dev:dev /shared" if is_ctl else ""
+            c = docker_client.containers.create(
+                slurm_node_image,
+                ["bash", "-c", START.format(extra=extra, daemon="slurmctld" if is_ctl else "slurmd")],
+                name=name, hostname=name, network=docker_network.name, entrypoint="",
+                user="root", shm_size="1g", volumes={volume.name: {"bind": "/shared", "mode": "rw"}})
+            started.append(c)
+            c.put_archive("/etc", tar_of(files))
+            if is_ctl:
+                scripts = {f"slurm/{p.name}": (p.read_bytes(), 0o755)
+                           for p in sorted((ROOT / "slurm").glob("*.sbatch"))}
+                c.put_archive("/shared", tar_of(scripts))
+            c.start()
+        cluster = Cluster(started[0], started[1:])
+        cluster.wait_idle()
+        yield cluster
+    finally:
+        remove_containers(started)
+        volume.remove(force=True)
+
+
+def checkpoint_of(cluster, path):
+    """global_step and world_size of a train_amp checkpoint on /shared, or None."""
+    code, out = cluster.sh(
+        "python3 -c 'import json,sys,torch; c=torch.load(sys.argv[1],map_location=\"cpu\","
+        "weights_only=True); print(\"CKPT\", json.dumps({\"global_step\": c[\"global_step\"],"
+        " \"world_size\": c[\"config\"][\"world_size\"]}))' " + path)
+    m = re.search(r"^CKPT (.*)$", out, re.MULTILINE)
+    return json.loads(m.group(1)) if code == 0 and m else None
+
+
+def images_per_s(out):
+    """The img/s of the last epoch summary line."""
+    found = re.findall(r"^epoch \d+/\d+: .*\| (\d+) img/s", out, re.MULTILINE)
+    return int(found[-1]) if found else None
+
+
+def test_two_node_job_trains_as_one_and_rank_0_alone_saves(slurm_cluster, run_in_image, artifacts):
+    """sbatch -N2 x 2 tasks of slurm/train-srun.sbatch should train one 4-rank job over gloo;
+    every save should rename one last.pt into place (rank 0), not one per task."""
+    cluster = slurm_cluster
+    ck = "/shared/ck-once"
+    # inotify on the shared volume counts every rename of last.pt, whichever node makes it.
+    code, out = cluster.sh(f"mkdir -p {ck}")
+    assert code == 0, out
+    watch = f"exec inotifywait -m -q -e moved_to --format '%e %f' {ck} > /shared/renames.log 2>&1"
+    cluster.ctl.exec_run(["bash", "-c", watch], user="dev", detach=True)
+    time.sleep(1)  # the watch is in place before the job starts
+    epochs = 2
+    started = time.monotonic()
+    job_id = cluster.sbatch(*SBATCH, "/shared/slurm/train-srun.sbatch", *TRAIN,
+                            "--epochs", epochs, "--checkpoint-dir", ck)
+    job = cluster.wait_job(job_id)
+    wall = time.monotonic() - started
+    out = cluster.output(job_id)
+    assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", (
+        f"job {job_id} should complete: {job}\n{cluster.logs(job_id)}")
+    assert job["NumNodes"] == "2" and job["NumTasks"] == "4", f"not 2 nodes x 2 tasks: {job}"
+    first = cluster.nodes[0].name
+    assert "launch: srun" in out and "rank 0, world size 4, local rank 0 of 2" in out, (
+        f"rank 0 should see an srun job of 4 tasks, 2 per node:\n{out}")
+    assert f"master {first}:" in out, f"the master should be the first node, {first}:\n{out}"
+    # 256 images / 4 ranks / 32 per batch = 2 steps per epoch: one job, not four copies.
+    assert "world_size=4 " in out and "steps/epoch=2 " in out, out
+    summaries = SUMMARY.findall(out)
+    assert [int(e) for e, _ in summaries] == list(range(1, epochs + 1)), (
+        f"one summary per epoch (rank 0 prints):\n{out}")
+    _, listing = cluster.sh(f"ls -A {ck}")
+    assert listing.split() == ["last.pt"], f"{ck} should hold last.pt alone: {listing}"
+    assert checkpoint_of(cluster, f"{ck}/last.pt") == {"global_step": 2 * epochs, "world_size": 4}
+    _, renames = cluster.sh("cat /shared/renames.log")
+    saves = [ln for ln in renames.splitlines() if ln.split()[-1:] == ["last.pt"]]
+    assert len(saves) == epochs, (
+        f"one save per epoch, by rank 0 alone, expected {epochs} renames of last.pt:\n{renames}")
+
+    # The same job (4 processes, same flags) in one container, for the report's comparison.
+    single_start = time.monotonic()
+    code, single = run_in_image(["torchrun", "--nproc-per-node", "4", "/usr/local/bin/train_amp.py",
+                                 *map(str, TRAIN), "--epochs", str(epochs),
+                                 "--checkpoint-dir", "/tmp/ck"], timeout=JOB_S)
+    single_wall = time.monotonic() - single_start
+    assert code == 0 and "world_size=4 " in single, f"the one-container run failed:\n{single[-4000:]}"
+    figures = {"slurm_2x2": {"wall_s": round(wall, 1), "run_time": job.get("RunTime"),
+                             "images_per_s": images_per_s(out)},
+               "one_container_torchrun_4": {"wall_s": round(single_wall, 1),
+                                            "images_per_s": images_per_s(single)}}
+    (artifacts / "slurm-vs-one-container.json").write_text(json.dumps(figures, indent=1) + "\n")
+    print(f"\nSlurm job vs one container: {json.dumps(figures)}")
+
+
+def test_killed_node_fails_the_job_and_resume_continues_from_its_checkpoint(slurm_cluster):
+    """A node killed mid-job should end the job in a failed state (not a hang) within a bounded
+    time; resubmitted with --resume, the job should continue from the last checkpoint."""
+    cluster = slurm_cluster
+    ck = "/shared/ck-resume"
+    # 1024 images / 4 ranks / 32 = 8 steps per epoch, 2 epochs, a checkpoint every 2 steps.
+    args = [*TRAIN, "--synthetic-size", "1024", "--epochs", "2", "--save-every", "2",
+            "--checkpoint-dir", ck]
+    job_id = cluster.sbatch(*SBATCH, "/shared/slurm/train-srun.sbatch", *args)
+    deadline = time.monotonic() + JOB_S
+    while checkpoint_of(cluster, f"{ck}/last.pt") is None:
+        job = cluster.job(job_id)
+        if job.get("JobState") in TERMINAL or time.monotonic() > deadline:
+            pytest.fail(f"no checkpoint before the job ended or {JOB_S}s passed ({job}):\n"
+                        f"{cluster.logs(job_id)}")
+        time.sleep(0.5)
+    victim = cluster.nodes[1]
+    victim.kill()
+    killed = time.monotonic()
+    job = cluster.wait_job(job_id, timeout=NODE_FAIL_S)
+    took = time.monotonic() - killed
+    out = cluster.output(job_id)
+    assert job["JobState"] in ("NODE_FAIL", "FAILED"), (
+        f"a job that lost a node should fail, not {job['JobState']}: {job}\n{cluster.logs(job_id)}")
+    assert "epoch 2/2:" not in out, f"the job should not have finished:\n{out}"
+    print(f"\njob {job_id}: {job['JobState']} (Reason={job.get('Reason')},"
+          f" ExitCode={job.get('ExitCode')}) {took:.0f}s after {victim.name} was killed")
+    saved = checkpoint_of(cluster, f"{ck}/last.pt")
+    assert saved and 0 < saved["global_step"] < 16, f"a mid-job checkpoint should be left: {saved}"
+
+    # The node comes back (a reboot): slurmd registers and Slurm returns it to service.
+    victim.start()
+    cluster.wait_idle()
+    again = cluster.sbatch(*SBATCH, "/shared/slurm/train-srun.sbatch", *args, "--resume")
+    job = cluster.wait_job(again)
+    out = cluster.output(again)
+    assert job["JobState"] == "COMPLETED", f"the resumed job should complete: {job}\n{cluster.logs(again)}"
+    resumed = re.search(r"resumed from \S+: epoch \d+ step \d+/8 \(global step (\d+)/16\)", out)
+    assert resumed and int(resumed.group(1)) == saved["global_step"], (
+        f"the job should resume at global step {saved['global_step']}:\n{out}")
+    assert "epoch 2/2:" in out and checkpoint_of(cluster, f"{ck}/last.pt")["global_step"] == 16, out
+
+
+# `apptainer exec [--nv] [--bind X] IMAGE CMD...` -> CMD: the nodes already are the image, so the
+# script's srun -> torchrun -> train_amp.py path runs for real; only the container runtime is not.
+APPTAINER_SHIM = """#!/bin/bash
+[ "$1" = exec ] || { echo "apptainer shim: only exec, got $1" >&2; exit 99; }
+shift
+while [ "$#" -gt 0 ]; do
+  case $1 in
+    --nv) shift ;;
+    --bind|-B) shift 2 ;;
+    -*) echo "apptainer shim: unknown option $1" >&2; exit 99 ;;
+    *) shift; break ;;
+  esac
+done
+echo "apptainer shim on $(hostname): $*" >&2
+exec "$@"
+"""
+
+
+def test_torchrun_script_forms_one_job_across_nodes_over_c10d(slurm_cluster):
+    """slurm/train-apptainer.sbatch (apptainer exec stood in for) should start one torchrun per
+    node that meet at the c10d rendezvous on the first node: one 4-process job, not two."""
+    cluster = slurm_cluster
+    cluster.ctl.put_archive("/shared", tar_of({"bin/apptainer": (APPTAINER_SHIM.encode(), 0o755)}))
+    ck = "/shared/ck-torchrun"
+    _, path = cluster.sh("echo $PATH")
+    job_id = cluster.sbatch(
+        *SBATCH, "--ntasks-per-node=1", f"--cpus-per-task={NODE_CPUS}",
+        "/shared/slurm/train-apptainer.sbatch", *TRAIN, "--epochs", 1, "--checkpoint-dir", ck,
+        env={"SIF": "/shared/team-dl.sif", "GPUS_PER_NODE": "2", "BINDS": "/shared:/shared",
+             "PATH": f"/shared/bin:{path.strip()}"})
+    job = cluster.wait_job(job_id)
+    out = cluster.output(job_id)
+    assert job["JobState"] == "COMPLETED" and job["NumTasks"] == "2", (
+        f"job {job_id} should complete with one task per node: {job}\n{cluster.logs(job_id)}")
+    shims = re.findall(r"^apptainer shim on (\S+): torchrun ", out, re.MULTILINE)
+    assert sorted(shims) == sorted(n.name for n in cluster.nodes), f"one torchrun per node:\n{out}"
+    assert "launch: torchrun: rank 0, world size 4, local rank 0 of 2" in out, out
+    assert "world_size=4 " in out and "steps/epoch=2 " in out and SUMMARY.search(out), out
+    assert checkpoint_of(cluster, f"{ck}/last.pt") == {"global_step": 2, "world_size": 4}
