@@ -444,3 +444,20 @@ def test_dependabot_watches_docker_actions_and_pip():
     config = yaml.safe_load((ROOT / ".github" / "dependabot.yml").read_text())
     ecosystems = {u["package-ecosystem"] for u in config["updates"]}
     assert {"docker", "github-actions", "pip"} <= ecosystems, f"dependabot covers {ecosystems}"
+
+
+@pytest.mark.parametrize("row", [r["name"] for r in VERSIONS["matrix"]])
+def test_a_row_without_a_pinned_base_is_refused_by_mirror_base_and_the_release(row):
+    """A row whose base digest is not known (none was made up) must stop make mirror-base and
+    the release workflow's check, naming the base; a pinned row passes that check."""
+    r = next(x for x in VERSIONS["matrix"] if x["name"] == row)
+    check = subprocess.run(["python3", "scripts/versions.py", "base-image", "--row", row, "--require-digest"],
+                           cwd=ROOT, capture_output=True, text=True, check=False)
+    if re.fullmatch(r"sha256:[0-9a-f]{64}", r.get("base_image_digest", "")):
+        assert check.returncode == 0 and check.stdout.strip() == f"{r['base_image']}@{r['base_image_digest']}"
+        return
+    assert check.returncode != 0 and r["base_image"] in check.stderr, f"release check passed:\n{check}"
+    # DOCKER=false: the refusal must come before anything is pulled or pushed.
+    mirror = make("mirror-base", f"ROW={row}", "REGISTRY=127.0.0.1:9", "DOCKER=/bin/false")
+    assert mirror.returncode != 0 and f"no valid digest for {r['base_image']}" in mirror.stderr, (
+        f"make mirror-base did not refuse the unpinned {r['base_image']}:\n{mirror.stderr}")
