@@ -131,8 +131,10 @@ def test_build_pip_steps_download_from_the_configured_index_and_trusted_extra_in
 def test_build_apt_fails_naming_an_unreachable_apt_mirror():
     """APT_MIRROR should reach apt: a mirror that does not resolve fails the build naming it."""
     mirror = "http://apt-mirror.invalid"  # RFC 2606: never resolves
-    result = make_build("IMAGE=team-dl-mirrortest", "BUILD_OPTS=--no-cache", env={"APT_MIRROR": mirror},
-                        timeout=600)
+    # --no-cache makes the apt step run; a torch version no index has stops a build that ignored
+    # the mirror at the next step, instead of rebuilding the whole image.
+    result = make_build("IMAGE=team-dl-mirrortest", "BUILD_OPTS=--no-cache", "V_TORCH=0.0.0.post0.dev0",
+                        env={"APT_MIRROR": mirror}, timeout=900)
     out = result.stdout + result.stderr
     assert result.returncode != 0, f"the build ignored APT_MIRROR={mirror}:\n{out[-3000:]}"
     assert "apt-mirror.invalid" in out and "apt-install.sh" in out, (
