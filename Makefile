@@ -23,6 +23,24 @@ LOGS_ARGS   ?=## docker logs flags for make logs, e.g. -f (follow) or --tail 50
 PYTEST_ARGS ?=## extra pytest flags, e.g. -x -k ssh
 TESTS       ?= tests/## test paths for make test
 
+# Mirrors for the build only (README: Building behind a mirror). make build hands them to the
+# build as BuildKit secrets, not build args: build args are written into the image history, and
+# an index URL may hold user:password. Also read from the environment (pip's own variable names).
+PIP_INDEX_URL ?=## pip index for the build, e.g. https://pypi.tuna.tsinghua.edu.cn/simple
+PIP_EXTRA_INDEX_URL ?=## more pip indexes for the build (space-separated)
+PIP_TRUSTED_HOST ?=## hosts pip may use without valid HTTPS during the build (space-separated)
+APT_MIRROR  ?=## scheme://host[/prefix] that replaces the apt sources' scheme://host for the build
+BUILD_OPTS  ?=## extra docker build flags, e.g. --network host (a mirror on this host's 127.0.0.1)
+MIRROR_VARS := PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST APT_MIRROR
+# Exported only when set (an empty PIP_INDEX_URL would mean "no index" to pip), so the secrets
+# come from the environment and the values never appear on make's echoed command line.
+$(foreach v,$(MIRROR_VARS),$(if $($(v)),$(eval export $(v))))
+MIRROR_SECRETS = $(foreach v,$(MIRROR_VARS),$(if $($(v)),--secret id=$(v)$(,)env=$(v)))
+# The stand-in mirrors the default row's base (its CUDA_VERSION): every row builds on it, and
+# the build's base check then expects that CUDA instead of the row's (verify-versions.py).
+STANDIN_IMAGE := $(shell python3 scripts/versions.py standin image)
+BASE_CUDA   ?= $(if $(filter $(STANDIN_IMAGE),$(BASE_IMAGE)),$(shell python3 scripts/versions.py get cuda_full),$(V_CUDA))## CUDA_VERSION the build expects of the base (the stand-in: the default row's, for every row)
+
 REF         := $(if $(REGISTRY),$(REGISTRY)/)$(IMAGE):$(TAG)
 DOCKER      ?= /usr/bin/docker
 # The Debian 20.10 client does BuildKit without buildx; a newer client needs buildx.
@@ -61,7 +79,8 @@ build: ## Build the runtime image as $(REF)
 	  --build-arg 'NVIDIA_REQUIRE_CUDA=$(V_NVIDIA_REQUIRE_CUDA)' \
 	  --build-arg VERSION=$(TAG) --build-arg REVISION=$(GIT_SHA) --build-arg CREATED=$(CREATED) \
 	  --build-arg SOURCE=$(shell git config --get remote.origin.url 2>/dev/null || echo local) \
-	  $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) \
+	  $(if $(filter $(V_CUDA) $(V_CUDA).%,$(BASE_CUDA)),,--build-arg BASE_CUDA=$(BASE_CUDA)) \
+	  $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) $(MIRROR_SECRETS) $(BUILD_OPTS) \
 	  -t $(REF) .
 
 run: ## Start the container (builds first if needed): JupyterLab on 8888, SSH on 2222
@@ -134,18 +153,21 @@ clean: ## Remove this tag and the test virtualenv
 # Publishing: tags come from versions.json (scripts/versions.py); the push script refuses a
 # dirty tree, stale labels and moving an immutable tag, then verifies by pulling the digest.
 MOVING_TAGS ?= $(shell python3 scripts/versions.py moving-tags $(if $(ROW),--row $(ROW)))## moving tags pushed besides TAG and sha-<sha>
+# Rows other than the default push sha-<sha>-<row>: all rows are built from one commit.
+FLAVOUR     := $(shell python3 scripts/versions.py flavour $(if $(ROW),--row $(ROW)))
 FORCE       ?=## FORCE=1: let make push replace an immutable tag that names another image
 PUSH_WORKTREE ?= .## git work tree the image was built from (make push refuses it dirty)
 PUBLISH_DIR ?= artifacts/publish## where make push/manifest write the publish record and manifest
 
 .PHONY: tags push manifest
 tags: ## Print the tags make push publishes: descriptive, sha-<sha>, then the moving ones
-	@printf '%s\n' $(TAG) sha-$(GIT_SHA) $(MOVING_TAGS)
+	@printf '%s\n' $(TAG) sha-$(GIT_SHA)$(if $(FLAVOUR),-$(FLAVOUR)) $(MOVING_TAGS)
 
 push: ## Push $(REF) to $(REGISTRY) under every tag, pull back by digest, verify (FORCE=1)
 	DOCKER=$(DOCKER) python3 scripts/push.py push --repository $(REGISTRY)/$(IMAGE) --tag $(TAG) \
 	  --moving "$(MOVING_TAGS)" --image $(REF) --image $(IMAGE):$(TAG) \
-	  --worktree $(PUSH_WORKTREE) --record $(PUBLISH_DIR) $(if $(filter 1,$(FORCE)),--force)
+	  --worktree $(PUSH_WORKTREE) --record $(PUBLISH_DIR) $(if $(filter 1,$(FORCE)),--force) \
+	  $(if $(FLAVOUR),--flavour $(FLAVOUR))
 
 manifest: ## Write $(REF)'s package manifest (versions, pip, dpkg, labels, digest) to PUBLISH_DIR
 	DOCKER=$(DOCKER) python3 scripts/manifest.py --image $(REF) --out $(PUBLISH_DIR) --tag $(TAG)

@@ -223,6 +223,8 @@ def main(argv):
     ap.add_argument("--moving", default="", help="space-separated moving tags, e.g. '2.6 latest'")
     ap.add_argument("--extra-immutable", default="", help="more immutable tags (space-separated)")
     ap.add_argument("--no-sha-tag", action="store_true", help="do not add sha-<sha>")
+    ap.add_argument("--flavour", default="",
+                    help="a non-default versions.json row: its sha tag is sha-<sha>-FLAVOUR")
     ap.add_argument("--image", action="append", default=[],
                     help="local image to publish (repeatable: the first that exists is used)")
     ap.add_argument("--worktree", default=".", help="git work tree the image was built from")
@@ -240,7 +242,9 @@ def main(argv):
     worktree = pathlib.Path(args.worktree).resolve()
     check_clean(worktree)
     sha = head_sha(worktree)
-    immutable = [args.tag] + ([] if args.no_sha_tag else [f"sha-{sha}"]) + args.extra_immutable.split()
+    # Every row is built from the same commit: the sha tag names the row too (versions.py sha_tag).
+    sha_tag = f"sha-{sha}" + (f"-{args.flavour}" if args.flavour else "")
+    immutable = [args.tag] + ([] if args.no_sha_tag else [sha_tag]) + args.extra_immutable.split()
     tags = immutable + args.moving.split()
 
     if args.command == "verify":

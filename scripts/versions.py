@@ -11,6 +11,10 @@ Usage: versions.py get KEY [--row NAME]   print one field of a matrix row (defau
                                            print every tag of a row: descriptive, sha-<sha>,
                                            then the moving ones (what `make push` pushes)
        versions.py moving-tags [--row NAME]  print the moving tags of a row, space-separated
+       versions.py sha-tag [--row NAME] [--sha SHA]
+                                           print the row's per-commit tag: sha-<sha> for the
+                                           default row, sha-<sha>-<row name> for the others
+       versions.py flavour [--row NAME]    print the row name, or nothing for the default row
        versions.py build-args [--row NAME] [--python X.Y] [--source URL]
                                            print KEY=VALUE build args, as `make build` passes
                                            them (for docker/build-push-action in CI)
@@ -44,6 +48,17 @@ def tag(r, python=None):
     """The descriptive tag; the Makefile's TAG spells the same (tests/test_publish.py checks)."""
     cudnn_major = r["cudnn"].split(".")[0]
     return f"{r['torch']}-cuda{r['cuda']}-cudnn{cudnn_major}-py{python or r['python']}-runtime"
+
+
+def sha_tag(r, sha):
+    """The per-commit tag. Every row is built from the same commit, so the rows other than the
+    default add their name, or their pushes would take each other's sha-<sha> (and `main`)."""
+    return f"sha-{sha}" + ("" if r["name"] == DATA["default"] else f"-{r['name']}")
+
+
+def main_tag(r):
+    """The moving tag a main commit pushes: `main` for the default row, main-<row> for the others."""
+    return "main" + ("" if r["name"] == DATA["default"] else f"-{r['name']}")
 
 
 def base_image(r):
@@ -123,7 +138,7 @@ def main(argv):
         r, python = row(name), option(args, "--python")
         tags = [tag(r, python)]
         if cmd == "tags":
-            tags += [f"sha-{option(args, '--sha') or git_sha()}"] + r.get("moving_tags", [])
+            tags += [sha_tag(r, option(args, "--sha") or git_sha())] + r.get("moving_tags", [])
         print("\n".join(tags))
     elif cmd == "build-args":
         python, source = option(args, "--python"), option(args, "--source")
@@ -141,8 +156,13 @@ def main(argv):
             immutable, moving = [tag(r)], r.get("moving_tags", [])
         else:
             # A main commit is not a release: its own sha tag and the moving `main` only.
-            immutable, moving = [f"sha-{sha}"], ["main"]
+            immutable, moving = [sha_tag(r, sha)], [main_tag(r)]
         print(f"immutable={' '.join(immutable)}\nmoving={' '.join(moving)}")
+    elif cmd == "sha-tag":
+        print(sha_tag(row(name), option(args, "--sha") or git_sha()))
+    elif cmd == "flavour":
+        # push.py --flavour: empty for the default row, else the row name (see sha_tag).
+        print("" if row(name)["name"] == DATA["default"] else row(name)["name"])
     elif cmd == "moving-tags":
         print(" ".join(row(name).get("moving_tags", [])))
     elif cmd == "base-image":

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from packaging.requirements import Requirement  # a dependency of pytest: always there
 from smokelib import VERSION_KEYS
 
 VISION = importlib.metadata.version("torchvision")
@@ -31,14 +32,28 @@ def release(version):
     return tuple(int(p) for p in version.split("+")[0].split(".")[:2])
 
 
+def declared_torch(dist):
+    """The torch requirements a distribution declares in its metadata (markers that apply)."""
+    reqs = [Requirement(r) for r in importlib.metadata.requires(dist) or []]
+    return [r for r in reqs if r.name == "torch" and (r.marker is None or r.marker.evaluate({"extra": ""}))]
+
+
 def test_torchvision_and_torchaudio_belong_to_the_loaded_torch():
-    """torchvision 0.(m+15) and torchaudio 2.m must pair with torch 2.m, on the same CUDA build."""
+    """torchvision and torchaudio must be releases made for the loaded torch, on the same CUDA
+    build. Each one's metadata says which torch: `torch==2.6.0` (the classic pinned pairs) or, for
+    the stable-ABI wheels torch 2.14+ brought, a floor (`torch>=2.14.0`). Without such a
+    requirement the release rule applies: torchvision 0.(m+15), torchaudio 2.m with torch 2.m."""
     major, minor = release(torch.__version__)
     assert major == 2, f"pairing rule known for torch 2.x only; torch is {torch.__version__}"
-    assert release(VISION) == (0, minor + 15), (
-        f"torchvision {VISION} is not the release paired with torch {torch.__version__}")
-    assert release(AUDIO) == (major, minor), (
-        f"torchaudio {AUDIO} is not the release paired with torch {torch.__version__}")
+    loaded = torch.__version__.split("+")[0]
+    for dist, version, paired in (("torchvision", VISION, (0, minor + 15)), ("torchaudio", AUDIO, (major, minor))):
+        declared = declared_torch(dist)
+        if declared:
+            wrong = [str(r.specifier) for r in declared if not r.specifier.contains(loaded, prereleases=True)]
+            assert not wrong, f"{dist} {version} requires torch{wrong}, but torch {torch.__version__} is loaded"
+        else:
+            assert release(version) == paired, (
+                f"{dist} {version} is not the release paired with torch {torch.__version__}")
     locals_ = {name: v.partition("+")[2] for name, v in
                (("torch", torch.__version__), ("torchvision", VISION), ("torchaudio", AUDIO))}
     suffixes = {s for s in locals_.values() if s}

@@ -11,10 +11,12 @@ import uuid
 import zipfile
 
 import pytest
-from conftest import ROOT, hook_mount
+from conftest import ROOT, hook_mount, version_row
 
 VERSIONS = json.loads((ROOT / "versions.json").read_text())
 ROW = next(r for r in VERSIONS["matrix"] if r["name"] == VERSIONS["default"])
+# The row the image under test was built from ($ROW, e.g. the Blackwell row in .ci/run).
+THIS = version_row()
 
 
 def test_image_runs_commands_as_non_root_dev_user_in_workspace(run_in_image):
@@ -39,8 +41,10 @@ def test_image_labels_state_the_versions_from_versions_json(image):
         value = labels.get(f"org.opencontainers.image.{key}", "")
         assert value and value != "unknown", f"OCI label {key} is {value!r}"
     for key in ("torch", "torchvision", "torchaudio", "cuda", "cudnn", "nccl"):
-        assert labels.get(f"team.{key}.version") == ROW[key], f"label team.{key}.version={labels.get(f'team.{key}.version')!r}, versions.json says {ROW[key]!r}"
-    assert labels["team.python.version"] == os.environ.get("PYTHON_VERSION", ROW["python"])
+        assert labels.get(f"team.{key}.version") == THIS[key], f"label team.{key}.version={labels.get(f'team.{key}.version')!r}, versions.json says {THIS[key]!r}"
+    assert labels["team.python.version"] == os.environ.get("PYTHON_VERSION", THIS["python"])
+    # The tag people pull names the row's torch and CUDA (a Blackwell user reads it off the tag).
+    assert labels["org.opencontainers.image.version"].startswith(f"{THIS['torch']}-cuda{THIS['cuda']}-"), labels
 
 
 def test_installed_versions_match_the_labels(image, run_in_image):
@@ -104,7 +108,7 @@ def test_pip_cannot_replace_torch(run_in_image, tmp_path, requirement):
     assert "unconstrained_rc=0" in out, f"control install failed, the test proves nothing:\n{out}"
     assert re.search(r"rc=[1-9]", out), f"pip accepted {requirement}:\n{out}"
     assert "Cannot install" in out or "conflict" in out.lower(), f"no conflict message:\n{out}"
-    assert out.strip().splitlines()[-1].startswith(ROW["torch"]), out
+    assert out.strip().splitlines()[-1].startswith(THIS["torch"]), out
 
 
 def test_user_can_pip_install_other_packages_into_the_venv(run_in_image, tmp_path):
@@ -162,7 +166,8 @@ def test_image_has_exactly_one_cublas(run_in_image):
     """Image should carry one libcublas and one libcublasLt (the wheels'), not a second CUDA copy."""
     copies = _cublas_copies(run_in_image)
     for lib, found in copies.items():
-        assert len(found) == 1 and "/site-packages/nvidia/cublas/" in found[0], (
+        # nvidia/cublas/lib (CUDA 12 wheels) or nvidia/cu13/lib (CUDA 13's cuda-toolkit wheels).
+        assert len(found) == 1 and "/site-packages/nvidia/" in found[0], (
             f"expected one {lib}, the wheel's, found {found}")
     # The same probe on a planted second copy (an empty file is enough for find) must see two.
     planted = _cublas_copies(run_in_image, "touch /usr/local/lib/libcublas.so.12 &&")

@@ -283,8 +283,8 @@ def test_sudo_check_notices_a_grant_that_grants_nothing(run_in_image, tmp_path):
 @pytest.mark.parametrize("gpu,warn", [
     ("0, NVIDIA H100 80GB HBM3, 550.54.15, 9.0", None),
     ("0, NVIDIA GeForce RTX 4090, 550.54.15, 8.9", None),  # sm_86 kernels run on sm_89
-    ("0, NVIDIA GeForce RTX 5090, 570.124.04, 12.0", r"Blackwell .*no kernels.*PyTorch >= 2\.7"),
-    ("0, NVIDIA B200, 570.124.06, 10.0", r"Blackwell .*no kernels.*PyTorch >= 2\.7"),
+    ("0, NVIDIA GeForce RTX 5090, 570.124.04, 12.0", r"Blackwell .*no kernels.*tag 'blackwell' \(PyTorch >= 2\.7"),
+    ("0, NVIDIA B200, 570.124.06, 10.0", r"Blackwell .*no kernels.*tag 'blackwell' \(PyTorch >= 2\.7"),
     ("0, Tesla T4, 470.82.01, 7.5", r"driver 470\.82\.01 is older than 525\.60\.13.*upgrade"),
 ], ids=["h100", "rtx4090", "rtx5090", "b200", "old-driver"])
 def test_gpu_checks_name_the_problem_and_the_fix(run_in_image, tmp_path, gpu, warn):

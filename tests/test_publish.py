@@ -142,6 +142,55 @@ def test_push_publishes_every_tag_and_verifies_by_digest(local_registry, worktre
     assert record["labels"]["team.torch.version"] == "2.6.0", f"labels missing: {record['labels']}"
 
 
+def test_push_of_another_row_gives_its_sha_tag_the_row_name(local_registry, worktree, tiny_image,
+                                                             tmp_path):
+    """make push ROW=<not the default> should push sha-<sha>-<row>, never the default row's sha-<sha>:
+    every row is built from one commit, and one row's push must not take another's tag."""
+    other = next(r for r in VERSIONS["matrix"] if r["name"] != VERSIONS["default"])
+    tag, sha = new_tag(), git(worktree, "rev-parse", "--short=12", "HEAD")
+    tiny_image(tag, sha)
+    result = push(local_registry, worktree, tag, tmp_path, f"ROW={other['name']}")
+    assert result.returncode == 0, f"make push ROW={other['name']} failed:\n{result.stderr}"
+    assert registry_tags(local_registry) == {tag, f"sha-{sha}-{other['name']}", "2.6", "latest"}, (
+        f"registry holds {registry_tags(local_registry)}")
+
+
+VERSIONS = json.loads((ROOT / "versions.json").read_text())
+EVENTS = [("push", "refs/tags/v1.2.0"), ("push", "refs/heads/main"), ("schedule", "refs/heads/main")]
+
+
+@pytest.mark.parametrize(("event", "ref"), EVENTS, ids=["release", "main", "weekly"])
+def test_every_row_publishes_its_own_tags_naming_its_torch_and_cuda(event, ref):
+    """The release workflow publishes every versions.json row (a matrix entry each): no tag may
+    be pushed by two rows, and each row's descriptive tag names that row's torch and CUDA."""
+    seen = {}
+    for r in VERSIONS["matrix"]:
+        out = subprocess.run(
+            ["python3", "scripts/versions.py", "ci-tags", "--row", r["name"], "--event", event, "--ref", ref,
+             "--sha", "abc", "--date", "20261207"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+        got = dict(line.split("=", 1) for line in out.splitlines())
+        for t in got["immutable"].split() + got["moving"].split():
+            assert t not in seen, f"{event} {ref}: rows {seen[t]} and {r['name']} both push {t!r}"
+            seen[t] = r["name"]
+        descriptive = subprocess.run(["python3", "scripts/versions.py", "tag", "--row", r["name"]], cwd=ROOT,
+                                     check=True, capture_output=True, text=True).stdout.strip()
+        assert descriptive.startswith(f"{r['torch']}-cuda{r['cuda']}-"), f"{r['name']}: tag {descriptive}"
+    matrix = json.loads(subprocess.run(["python3", "scripts/versions.py", "matrix"], cwd=ROOT, check=True,
+                                       capture_output=True, text=True).stdout)
+    assert matrix["row"] == [r["name"] for r in VERSIONS["matrix"]], f"the CI matrix misses rows: {matrix}"
+
+
+def test_release_promotes_and_smoke_tests_each_rows_own_images():
+    """The promote job should look up the digest main pushed for *its* row (versions.py sha-tag),
+    and every publishing job should run once per row (the versions.py matrix)."""
+    wf = load_workflow(ROOT / ".github" / "workflows" / "release.yml")
+    for job in ("publish", "promote", "gpu-smoke"):
+        assert "needs.setup.outputs.matrix" in str(wf["jobs"][job]["strategy"]["matrix"]), f"{job}: not per row"
+    runs = "\n".join(s.get("run", "") for s in wf["jobs"]["promote"]["steps"])
+    assert "versions.py sha-tag --row" in runs and ":sha-$SHA\"" not in runs, (
+        "promote must find the row's own sha tag, not the default row's sha-<sha>")
+
+
 def test_push_refuses_a_dirty_work_tree(local_registry, worktree, tiny_image, tmp_path):
     """make push should refuse, pushing nothing, when the work tree has uncommitted files."""
     tag = new_tag()
@@ -395,3 +444,20 @@ def test_dependabot_watches_docker_actions_and_pip():
     config = yaml.safe_load((ROOT / ".github" / "dependabot.yml").read_text())
     ecosystems = {u["package-ecosystem"] for u in config["updates"]}
     assert {"docker", "github-actions", "pip"} <= ecosystems, f"dependabot covers {ecosystems}"
+
+
+@pytest.mark.parametrize("row", [r["name"] for r in VERSIONS["matrix"]])
+def test_a_row_without_a_pinned_base_is_refused_by_mirror_base_and_the_release(row):
+    """A row whose base digest is not known (none was made up) must stop make mirror-base and
+    the release workflow's check, naming the base; a pinned row passes that check."""
+    r = next(x for x in VERSIONS["matrix"] if x["name"] == row)
+    check = subprocess.run(["python3", "scripts/versions.py", "base-image", "--row", row, "--require-digest"],
+                           cwd=ROOT, capture_output=True, text=True, check=False)
+    if re.fullmatch(r"sha256:[0-9a-f]{64}", r.get("base_image_digest", "")):
+        assert check.returncode == 0 and check.stdout.strip() == f"{r['base_image']}@{r['base_image_digest']}"
+        return
+    assert check.returncode != 0 and r["base_image"] in check.stderr, f"release check passed:\n{check}"
+    # DOCKER=false: the refusal must come before anything is pulled or pushed.
+    mirror = make("mirror-base", f"ROW={row}", "REGISTRY=127.0.0.1:9", "DOCKER=/bin/false")
+    assert mirror.returncode != 0 and f"no valid digest for {r['base_image']}" in mirror.stderr, (
+        f"make mirror-base did not refuse the unpinned {r['base_image']}:\n{mirror.stderr}")

@@ -13,6 +13,35 @@ rm -f /etc/apt/apt.conf.d/docker-clean
 # named it (signed-by), so it vouches for nothing now.
 mapfile -t nvidia_sources < <(grep -rl -e 'developer\.download\.nvidia\.com' /etc/apt/sources.list.d/ 2>/dev/null || true)
 if [ ${#nvidia_sources[@]} -gt 0 ]; then rm -f -- "${nvidia_sources[@]}"; fi
+# APT_MIRROR (a BuildKit secret, make build APT_MIRROR=...): scheme://host[:port][/prefix] that
+# replaces scheme://host of every source, for this build only: apt reads rewritten copies in a
+# temporary folder, so the image keeps the distribution's own sources.
+if [ -s /run/secrets/APT_MIRROR ]; then
+  mirror=$(cat /run/secrets/APT_MIRROR)
+  mirror=${mirror%/}
+  build_sources=$(mktemp -d)
+  # `deb [opts] URI ...` (one-line format) and `URIs: URI` (deb822 .sources, Ubuntu 24.04 on).
+  rewrite() {
+    local line one='^(deb(-src)?[[:space:]]+(\[[^]]*\][[:space:]]+)?)[a-z+]+://[^/[:space:]]+(.*)$'
+    local deb822='^(URIs:[[:space:]]*)[a-z+]+://[^/[:space:]]+(.*)$'
+    while IFS= read -r line || [ -n "$line" ]; do
+      if [[ $line =~ $one ]]; then
+        printf '%s%s%s\n' "${BASH_REMATCH[1]}" "$mirror" "${BASH_REMATCH[4]}"
+      elif [[ $line =~ $deb822 ]]; then
+        printf '%s%s%s\n' "${BASH_REMATCH[1]}" "$mirror" "${BASH_REMATCH[2]}"
+      else
+        printf '%s\n' "$line"
+      fi
+    done
+  }
+  mkdir "$build_sources/parts"
+  if [ -f /etc/apt/sources.list ]; then rewrite </etc/apt/sources.list >"$build_sources/sources.list"; fi
+  for f in /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    if [ -f "$f" ]; then rewrite <"$f" >"$build_sources/parts/${f##*/}"; fi
+  done
+  opts+=(-o "Dir::Etc::SourceList=$build_sources/sources.list" -o "Dir::Etc::SourceParts=$build_sources/parts")
+  trap 'rm -rf "$build_sources"' EXIT
+fi
 # --error-on=any: an index that fails to download is an error, not a warning after which the
 # install would run from stale or missing lists.
 apt-get "${opts[@]}" update -qq --error-on=any

@@ -25,6 +25,9 @@ def main():
     p = argparse.ArgumentParser()
     for k in ("torch", "torchvision", "torchaudio", "cuda", "cudnn", "nccl", "python"):
         p.add_argument("--" + k, required=True)
+    # The CUDA the base image declares (CUDA_VERSION): the row's own (the default), or the stand-in's
+    # (its default row's) when a non-default row is built on the one stand-in (Makefile BASE_CUDA).
+    p.add_argument("--base-cuda", default="")
     p.add_argument("--out", required=True)
     want = p.parse_args()
 
@@ -57,8 +60,10 @@ def main():
         # The tag carries major.minor (cuda12.4, cudnn9, py3.10): match on that prefix.
         if not (have[key] + ".").startswith(getattr(want, key) + "."):
             errors.append(f"{key} is {have[key]}, the build args say {getattr(want, key)}")
-    if not (have["base_cuda"] + ".").startswith(want.cuda + "."):
-        errors.append(f"the base image's CUDA_VERSION is {have['base_cuda']!r}, torch is built for {want.cuda}")
+    base_cuda = want.base_cuda or want.cuda
+    if not (have["base_cuda"] + ".").startswith(base_cuda + "."):
+        errors.append(f"the base image's CUDA_VERSION is {have['base_cuda']!r}, the build expects "
+                      f"{base_cuda} (torch is built for {want.cuda})")
     for lib in ("libcudnn", "libnccl"):
         if len(have[lib]) != 1:
             errors.append(f"expected exactly one {lib}, found {len(have[lib])}: {have[lib]}")

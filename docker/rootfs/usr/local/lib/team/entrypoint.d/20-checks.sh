@@ -62,7 +62,7 @@ print(" ".join(v.get("cuda_arch_list") or []))' "$versions") || true
     arch_list=$(python3 -c 'import torch; print(torch._C._cuda_getArchFlags())' 2>/dev/null || true)
   fi
 
-  local idx name driver cc sm
+  local idx name driver cc sm torch_version
   while IFS=, read -r idx name driver cc; do
     idx=${idx// /}; name=${name# }; driver=${driver// /}; cc=${cc// /}
     log_info "GPU $idx: $name, compute capability $cc, driver $driver"
@@ -73,7 +73,9 @@ print(" ".join(v.get("cuda_arch_list") or []))' "$versions") || true
     # Kernels for sm_XY also run on the same major with a higher minor (sm_86 on an sm_89 GPU).
     if [ -n "$arch_list" ] && [[ $sm =~ ^[0-9]+$ ]] && ! _arch_supported "$sm" "$arch_list"; then
       if [ "${cc%%.*}" -ge 10 ]; then
-        log_warn "GPU $idx ($name) is a Blackwell GPU (sm_$sm); PyTorch 2.6 wheels have no kernels for it (they have: $arch_list), so CUDA work fails with 'no kernel image is available'. Fix: use an image built on PyTorch >= 2.7 with CUDA 12.8 wheels"
+        # `blackwell` is the moving tag of versions.json's Blackwell row (README: Flavours).
+        torch_version=${torch_line%%,*}
+        log_warn "GPU $idx ($name) is a Blackwell GPU (sm_$sm); this image's PyTorch ${torch_version#torch } wheels have no kernels for it (they have: $arch_list), so CUDA work fails with 'no kernel image is available'. Fix: use the Blackwell flavour of this image, tag 'blackwell' (PyTorch >= 2.7 built for CUDA 12.8+, with sm_100/sm_120 kernels; host driver >= 580), e.g. docker pull <registry>/team-dl:blackwell"
       else
         log_warn "GPU $idx ($name, sm_$sm) is not in this PyTorch build's architectures ($arch_list): CUDA work fails with 'no kernel image is available'. Fix: use a PyTorch build that includes sm_$sm"
       fi
