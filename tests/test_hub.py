@@ -43,8 +43,8 @@ def test_image_and_test_hub_run_the_pinned_jupyterhub(run_in_image):
     pinned = pinned_jupyterhub()
     assert jupyterhub.__version__ == pinned, \
         f"the test venv's jupyterhub is {jupyterhub.__version__}, the pin is {pinned}: make test-deps"
-    code, out = run_in_image(["bash", "-c", "command -v jupyterhub-singleuser && "
-                              "python3 -c 'import jupyterhub; print(\"JH\", jupyterhub.__version__)'"])
+    probe = "command -v jupyterhub-singleuser && python3 -c 'import jupyterhub; print(\"JH\", jupyterhub.__version__)'"
+    code, out = run_in_image(["bash", "-c", probe])
     assert code == 0, f"jupyterhub-singleuser should be in the image:\n{out}"
     assert f"JH {pinned}" in out, f"the image's jupyterhub should be {pinned}:\n{out}"
 
@@ -178,7 +178,8 @@ def test_hub_spawns_the_image_and_its_lab_api_answers_through_the_proxy(hub, doc
     r = requests.post(f"{url}/hub/api/users/alice", headers=auth, timeout=TIMEOUT)
     assert r.status_code == 201, f"creating the user should be 201, got {r.status_code}: {r.text}"
     r = requests.post(f"{url}/hub/api/users/alice/server", headers=auth, timeout=TIMEOUT)
-    assert r.status_code in (201, 202), f"starting the server should be accepted, got {r.status_code}: {r.text}"
+    assert r.status_code in (201, 202), \
+        f"starting the server should be accepted, got {r.status_code}: {r.text}\n{log_path.read_text()[-6000:]}"
 
     # Pending while the container starts; gone from "servers" when the spawn failed.
     start = time.monotonic()

@@ -87,21 +87,36 @@ def test_status_bar_metrics_report_the_servers_memory(start_jupyter):
 
 
 def test_gpu_dashboards_and_resource_usage_load_in_a_browser(start_jupyter, browser, artifacts):  # noqa: F811
-    """JupyterLab should show the GPU Dashboards panel (its launcher card opens the dashboards
-    sidebar) and the memory figure in the status bar, in a real browser."""
-    _, base, token = start_jupyter()
+    """JupyterLab in a real browser should show the memory figure in the status bar, a
+    TensorBoard launcher card and the GPU Dashboards sidebar, whose panels open without an error
+    on a CPU host: the Machine Resources panel draws the CPU, the GPU panels stay empty."""
+    c, base, token = start_jupyter()
     browser.get(f"{base}/lab?token={token}")
     wait = WebDriverWait(browser, 120)
     try:
         wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, ".jp-LauncherCard")))
         # jupyter-resource-usage's status bar item: "Mem: 123.45 MB".
         wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, ".jp-StatusBar-Widget"), "Mem:"))
-        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".gpu-dashboard-container, "
-                                                   "[data-id='gpu-dashboard-widgets']")))
+        cards = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".jp-LauncherCard")]
+        assert any("TensorBoard" in t for t in cards), f"the launcher should offer TensorBoard: {cards}"
+
+        wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, ".jp-SideBar [data-id='gpu-dashboard']"))).click()
+        buttons = wait.until(lambda d: {b.text: b for b in d.find_elements(By.CSS_SELECTOR, ".gpu-dashboard-container button")
+                                        if b.text} or None)
+        assert {"GPU Utilization", "GPU Memory", "Machine Resources"} <= set(buttons), \
+            f"the GPU Dashboards sidebar should list its panels: {sorted(buttons)}"
+        for name in ("Machine Resources", "GPU Utilization"):
+            buttons[name].click()
+            # Each opens as a tab in the main area.
+            wait.until(lambda d, name=name: any(name in e.text for e in d.find_elements(
+                By.CSS_SELECTOR, ".lm-DockPanel-tabBar .lm-TabBar-tab")))
+        time.sleep(3)  # the panels' feeds connect (the CPU one) or fail to (the GPU ones)
+        assert not browser.find_elements(By.CSS_SELECTOR, ".jp-Dialog"), \
+            f"no error dialog should open: {[e.text for e in browser.find_elements(By.CSS_SELECTOR, '.jp-Dialog')]}"
     finally:
         browser.save_screenshot(str(artifacts / "notebook-gpu-dashboards.png"))
-    cards = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".jp-LauncherCard")]
-    assert any("TensorBoard" in t for t in cards), f"the launcher should offer TensorBoard: {cards}"
+    logs = c.logs().decode(errors="replace")
+    assert "Traceback" not in logs, f"opening the dashboards logged an error:\n{logs}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -188,7 +203,7 @@ def test_tensorboard_launcher_opens_the_scalars_in_a_browser(tensorboard_jupyter
 def test_gpu_tools_say_there_is_no_gpu_without_a_traceback(run_in_image, command, message):
     """gpustat and nvitop should be on PATH and, without a GPU, say so plainly."""
     code, logs = run_in_image(command)
-    assert "not found" not in logs.lower() or message in logs, f"{command[0]} is missing:\n{logs}"
+    assert code not in (126, 127), f"{command[0]} should be on PATH (exit {code}):\n{logs}"
     assert message in logs, f"{command[0]} should say there is no GPU ({message!r}), printed:\n{logs}"
     assert "Traceback" not in logs, f"{command[0]} should not crash:\n{logs}"
 
