@@ -79,15 +79,20 @@ c.DockerSpawner.network_name = cfg["network"]
 c.DockerSpawner.name_template = cfg["prefix"] + "-{username}"
 c.DockerSpawner.remove = True
 c.DockerSpawner.extra_host_config = {"shm_size": "1g"}
+# As KubeSpawner starts it with a securityContext (runAsUser), when the test asks for it.
+if cfg["user"]:
+    c.DockerSpawner.extra_create_kwargs = {"user": cfg["user"]}
 c.Spawner.start_timeout = 240
 c.Spawner.http_timeout = 240
 """
 
 
-@pytest.fixture
-def hub(docker_client, image_ref, docker_network, tmp_path):
-    """A running JupyterHub spawning image_ref with DockerSpawner on docker_network: yields
-    (public URL, API token, log path). Stops the hub (it stops its servers and proxy) and
+@pytest.fixture(params=[None, "1000:1000"], ids=["started-as-root", "started-as-uid-1000"])
+def hub(request, docker_client, image_ref, docker_network, tmp_path):
+    """A running JupyterHub spawning image_ref with DockerSpawner on docker_network, the
+    container started as root (DockerSpawner's default: the entrypoint maps and drops to dev) or
+    as UID 1000 (a KubeSpawner securityContext's runAsUser). Yields {url: the hub's public URL,
+    token: the test service's API token, log: the hub's log file, prefix: of container names}. Stops the hub (it stops its servers and proxy) and
     removes whatever is left: containers (docker_network's teardown), the proxy by its pid."""
     if not CHP.exists():
         pytest.fail(f"configurable-http-proxy is missing ({CHP}): make test-deps")
@@ -96,7 +101,8 @@ def hub(docker_client, image_ref, docker_network, tmp_path):
     cfg = {"port": free_port(), "hub_port": free_port(gateway), "proxy_api_port": free_port(),
            "gateway": gateway, "dir": str(tmp_path), "chp": str(CHP), "image": image_ref,
            "network": docker_network.name, "prefix": f"test-hub-{secrets.token_hex(4)}",
-           "password": secrets.token_hex(16), "api_token": secrets.token_hex(32)}
+           "password": secrets.token_hex(16), "api_token": secrets.token_hex(32),
+           "user": request.param}
     (tmp_path / "jupyterhub_config.py").write_text(HUB_CONFIG)
     log_path = tmp_path / "hub.log"
     log = open(log_path, "wb")  # noqa: SIM115 - closed after the process ends
@@ -172,7 +178,8 @@ def run_in_kernel(base, token, code, timeout=180):
 
 def test_hub_spawns_the_image_and_its_lab_api_answers_through_the_proxy(hub, docker_client):
     """A real JupyterHub should spawn the image as a single-user server whose Lab API and kernels
-    answer through the hub's proxy, as the non-root user, with the hub's auth (not none)."""
+    answer through the hub's proxy, as the non-root user, with the hub's auth (not none),
+    whether the spawner starts the container as root or as the user."""
     url, api_token, log_path = hub["url"], hub["token"], hub["log"]
     auth = {"Authorization": f"token {api_token}"}
     r = requests.post(f"{url}/hub/api/users/alice", headers=auth, timeout=TIMEOUT)
