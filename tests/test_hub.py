@@ -211,9 +211,12 @@ def test_hub_spawns_the_image_and_its_lab_api_answers_through_the_proxy(hub, doc
 
     out = run_in_kernel(base, api_token, "import os, pwd; print('WHO', pwd.getpwuid(os.getuid()).pw_name, os.getuid())")
     assert "WHO dev 1000" in out, f"the kernel should run as dev (UID 1000), printed {out!r}"
-    # The extras ride along: nvdashboard through the hub too.
+    # The extras ride along (their config is read by jupyterhub-singleuser too).
     r = requests.get(f"{base}/nvdashboard/accelerators/check", headers=auth, timeout=TIMEOUT)
     assert r.status_code == 200 and r.json()["has_gpu"] is False, f"nvdashboard through the hub: {r.status_code}"
+    r = requests.get(f"{base}/server-proxy/servers-info", headers=auth, timeout=TIMEOUT)
+    assert r.status_code == 200 and [s["name"] for s in r.json()["server_processes"]] == ["tensorboard"], \
+        f"the TensorBoard launcher entry through the hub: {r.status_code} {r.text[:300]}"
 
     # The server's own hub token (the spawner's env) and the test's never reach its logs.
     container = docker_client.containers.get(hub["prefix"] + "-alice")
