@@ -29,7 +29,7 @@ HOST_UID = 4242 if os.geteuid() == 0 else os.geteuid()
 
 def default_tag():
     """The descriptive tag of versions.json's default row, with its own Python."""
-    return subprocess.run(["python3", "scripts/versions.py", "tag"], cwd=ROOT, check=True,
+    return subprocess.run(["python3", "scripts/build_info.py", "tag"], cwd=ROOT, check=True,
                           capture_output=True, text=True).stdout.strip()
 
 

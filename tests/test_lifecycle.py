@@ -1,5 +1,6 @@
 """Process model and start-up: tini as PID 1, fail-fast services, clean `docker stop`, health,
 user hooks, commands as the non-root user, UID mapping, and the start-up checks' messages."""
+import json
 import os
 import re
 import subprocess
@@ -285,14 +286,11 @@ def test_sudo_check_notices_a_grant_that_grants_nothing(run_in_image, tmp_path):
     ("0, NVIDIA GeForce RTX 4090, 550.54.15, 8.9", None),  # sm_86 kernels run on sm_89
     ("0, NVIDIA GeForce RTX 5090, 570.124.04, 12.0", r"Blackwell .*no kernels.*PyTorch >= 2\.7"),
     ("0, NVIDIA B200, 570.124.06, 10.0", r"Blackwell .*no kernels.*PyTorch >= 2\.7"),
-    ("0, Tesla T4, 470.82.01, 7.5", r"driver 470\.82\.01 is older than 525\.60\.13.*upgrade"),
+    ("0, Tesla T4, 470.82.01, 7.5", r"driver 470\.82\.01 is older than {min_driver}, the minimum for CUDA {cuda}.*upgrade"),
 ], ids=["h100", "rtx4090", "rtx5090", "b200", "old-driver"])
 def test_gpu_checks_name_the_problem_and_the_fix(run_in_image, tmp_path, gpu, warn):
     """Container should report the GPU and WARN, with the fix, on an old driver or a Blackwell GPU."""
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text(f"#!/bin/sh\necho '{gpu}'\n")
-    fake.chmod(0o755)
-    code, out = run_in_image(["true"], volumes={str(fake): {"bind": "/usr/local/nvidia/bin/nvidia-smi", "mode": "ro"}})
+    code, out = run_in_image(["true"], volumes=fake_nvidia_smi(tmp_path, gpu))
     assert code == 0, f"GPU checks should warn, not fail:\n{out}"
     name = gpu.split(", ")[1]
     assert re.search(rf"^INFO .*GPU 0: {name}", out, re.MULTILINE), f"the banner should list the GPU:\n{out}"
@@ -300,7 +298,35 @@ def test_gpu_checks_name_the_problem_and_the_fix(run_in_image, tmp_path, gpu, wa
     if warn is None:
         assert not warns, f"a supported GPU should give no WARN: {warns}"
     else:
+        warn = warn.format(min_driver=re.escape(version_row()["min_driver"]),
+                           cuda=re.escape(version_row()["cuda"]))  # versions.json
         assert any(re.search(warn, w) for w in warns), f"expected a WARN matching {warn!r}:\n{out}"
+
+
+def fake_nvidia_smi(tmp_path, gpu):
+    """The volumes that put an nvidia-smi printing `gpu` (its CSV query line) in the container."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho '{gpu}'\n")
+    fake.chmod(0o755)
+    return {str(fake): {"bind": "/usr/local/nvidia/bin/nvidia-smi", "mode": "ro"}}
+
+
+def test_driver_floor_and_versions_in_the_warning_come_from_the_image_record(run_in_image, tmp_path):
+    """Container should take the minimum driver and the CUDA version it names from the build's
+    record (/usr/share/team-image/versions.json, from versions.json's row), not from the script."""
+    code, record = run_in_image(["cat", "/usr/share/team-image/versions.json"], entrypoint=[])
+    assert code == 0, f"the image has no version record:\n{record}"
+    record = json.loads(record)
+    assert (record.get("row"), record.get("min_driver")) == (version_row()["name"], version_row()["min_driver"]), \
+        f"the record should name the row and its min_driver: {record}"
+    record.update(min_driver="600.1.2", cuda="77.7")  # a floor above the fake GPU's 550 driver
+    (tmp_path / "versions.json").write_text(json.dumps(record))
+    volumes = fake_nvidia_smi(tmp_path, "0, NVIDIA H100 80GB HBM3, 550.54.15, 9.0")
+    volumes[str(tmp_path / "versions.json")] = {"bind": "/usr/share/team-image/versions.json", "mode": "ro"}
+    code, out = run_in_image(["true"], volumes=volumes)
+    assert code == 0, f"GPU checks should warn, not fail:\n{out}"
+    assert re.search(r"^WARN .*driver 550\.54\.15 is older than 600\.1\.2, the minimum for CUDA 77\.7",
+                     out, re.MULTILINE), f"the warning should follow the record's min_driver and CUDA:\n{out}"
 
 
 def test_arbitrary_user_flag_still_serves_jupyter(start_container):

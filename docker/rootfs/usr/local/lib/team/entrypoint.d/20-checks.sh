@@ -4,7 +4,6 @@
 
 _checks_step() {
   local shm_kib versions=/usr/share/team-image/versions.json
-  local min_driver=525.60.13   # CUDA 12.4's minimum Linux driver (CUDA 12.4 release notes, table 3)
 
   # DataLoader workers and NCCL pass tensors through /dev/shm; Docker's default is 64 MiB.
   shm_kib=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $2 }')
@@ -23,16 +22,19 @@ _checks_step() {
     fi
   fi
 
-  # One python3 start (no torch) reads versions.json: torch/CUDA/cuDNN/NCCL and the GPU
-  # architectures torch has kernels for, as written at build time.
-  local torch_line="" arch_list=""
+  # One python3 start (no torch) reads the build's record (versions.json's row, checked against
+  # what was installed): the banner, the minimum driver (versions.json min_driver), the torch and
+  # CUDA versions the warnings name, and the GPU architectures torch has kernels for.
+  local torch_line="" arch_list="" min_driver="" torch="" cuda=""
   if [ -r "$versions" ]; then
-    { read -r torch_line; read -r arch_list; } < <(python3 -I -S -c '
+    { read -r torch_line; read -r arch_list; read -r min_driver torch cuda; } < <(python3 -I -S -c '
 import json, sys
 v = json.load(open(sys.argv[1]))
 print("torch {torch}, CUDA {cuda}, cuDNN {cudnn}, NCCL {nccl}, Python {python}".format(**v))
-print(" ".join(v.get("cuda_arch_list") or []))' "$versions") || true
+print(" ".join(v.get("cuda_arch_list") or []))
+print(v.get("min_driver") or "-", ".".join(v["torch"].split(".")[:2]), v["cuda"])' "$versions") || true
   fi
+  [ "$min_driver" != - ] || min_driver=""
   log_info "Image: ${torch_line:-versions unknown ($versions missing)}"
 
   # The NVIDIA Container Toolkit mounts nvidia-smi and the /dev/nvidia* nodes only with --gpus.
@@ -66,14 +68,14 @@ print(" ".join(v.get("cuda_arch_list") or []))' "$versions") || true
   while IFS=, read -r idx name driver cc; do
     idx=${idx// /}; name=${name# }; driver=${driver// /}; cc=${cc// /}
     log_info "GPU $idx: $name, compute capability $cc, driver $driver"
-    if [ "$(printf '%s\n%s\n' "$min_driver" "$driver" | sort -V | head -n 1)" != "$min_driver" ]; then
-      log_warn "GPU $idx: driver $driver is older than $min_driver, the minimum for CUDA 12.4: torch.cuda will fail with 'The NVIDIA driver on your system is too old'. Fix: upgrade the host's NVIDIA driver to >= $min_driver (data-center GPUs: or use CUDA forward compatibility)"
+    if [ -n "$min_driver" ] && [ "$(printf '%s\n%s\n' "$min_driver" "$driver" | sort -V | head -n 1)" != "$min_driver" ]; then
+      log_warn "GPU $idx: driver $driver is older than $min_driver, the minimum for CUDA $cuda: torch.cuda will fail with 'The NVIDIA driver on your system is too old'. Fix: upgrade the host's NVIDIA driver to >= $min_driver (data-center GPUs: or use CUDA forward compatibility)"
     fi
     sm=${cc/./}
     # Kernels for sm_XY also run on the same major with a higher minor (sm_86 on an sm_89 GPU).
     if [ -n "$arch_list" ] && [[ $sm =~ ^[0-9]+$ ]] && ! _arch_supported "$sm" "$arch_list"; then
       if [ "${cc%%.*}" -ge 10 ]; then
-        log_warn "GPU $idx ($name) is a Blackwell GPU (sm_$sm); PyTorch 2.6 wheels have no kernels for it (they have: $arch_list), so CUDA work fails with 'no kernel image is available'. Fix: use an image built on PyTorch >= 2.7 with CUDA 12.8 wheels"
+        log_warn "GPU $idx ($name) is a Blackwell GPU (sm_$sm); PyTorch $torch wheels have no kernels for it (they have: $arch_list), so CUDA work fails with 'no kernel image is available'. Fix: use an image built on PyTorch >= 2.7 with CUDA 12.8 wheels"
       else
         log_warn "GPU $idx ($name, sm_$sm) is not in this PyTorch build's architectures ($arch_list): CUDA work fails with 'no kernel image is available'. Fix: use a PyTorch build that includes sm_$sm"
       fi
