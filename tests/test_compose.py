@@ -11,14 +11,13 @@ import pathlib
 import re
 import shlex
 import subprocess
-import time
 import uuid
 
 import paramiko
 import pytest
 import requests
 import yaml
-from conftest import host_port
+from conftest import host_port, wait_for_health
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -115,14 +114,7 @@ def test_compose_cpu_profile_starts_a_healthy_service_with_token_and_key(project
     [container] = docker_client.containers.list(
         all=True, filters={"label": [f"com.docker.compose.project={project['name']}",
                                      "com.docker.compose.service=dl-cpu"]})
-    deadline = time.monotonic() + 180
-    while container.attrs["State"].get("Health", {}).get("Status") != "healthy":
-        assert container.status not in ("exited", "dead"), \
-            f"service exited:\n{container.logs().decode(errors='replace')}"
-        assert time.monotonic() < deadline, \
-            f"not healthy after 180 s:\n{container.logs().decode(errors='replace')}"
-        time.sleep(1)
-        container.reload()
+    wait_for_health(container, timeout=180)
 
     api = f"http://127.0.0.1:{host_port(container, '8888/tcp')}/api/status"
     assert requests.get(api, params={"token": project["token"]}, timeout=10).status_code == 200, \

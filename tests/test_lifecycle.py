@@ -4,11 +4,18 @@ import json
 import os
 import re
 import subprocess
-import time
 
 import pytest
 import requests
-from conftest import READY, hook_mount, needs_root, version_row, wait_for_log
+from conftest import (
+    READY,
+    ROOT,
+    hook_mount,
+    needs_root,
+    version_row,
+    wait_for_health,
+    wait_for_log,
+)
 
 ISSUE_LINE = re.compile(r"^(WARN|ERROR)\b|^\[[WEC] ", re.MULTILINE)  # ours, and Jupyter's [W]/[E]/[C]
 
@@ -21,21 +28,55 @@ def public_key(tmp_path_factory):
     return key.with_suffix(".pub").read_text().strip()
 
 
+ENTRYPOINT = ROOT / "docker/rootfs/usr/local/bin/entrypoint.sh"
+TEAM_LIB = ROOT / "docker/rootfs/usr/local/lib/team"
+
+
+def entrypoint_contract():
+    """The table at the top of entrypoint.sh, as {script: {"sets": {...}, "reads": {...}}}:
+    what each setup step (and services.sh) reads from the steps before it and sets for later."""
+    contract, script, verb = {}, None, None
+    for line in ENTRYPOINT.read_text().splitlines():
+        m = re.match(r"#   (\S+\.sh|\(here\))\s+(.*)", line) or re.match(r"#\s{10,}(.*)", line)
+        if not m or (m.lastindex == 1 and script is None):
+            continue
+        if m.lastindex == 2:
+            script, rest = m.group(1), m.group(2)
+            contract[script] = {"sets": set(), "reads": set(), "unsets": set()}
+        else:
+            rest = m.group(1)
+        for word in re.findall(r"\(.*?\)|[A-Za-z_/.]+", rest):
+            if word in ("sets", "exports", "reads", "unsets", "writes"):
+                verb = {"exports": "sets", "writes": None}.get(word, word)
+            elif verb and re.fullmatch(r"[A-Z][A-Z_]{2,}", word):
+                contract[script][verb].add(word)
+    return contract
+
+
+def test_entrypoint_lists_what_each_step_reads_and_sets():
+    """Each setup step should set what entrypoint.sh's table says it sets, read nothing another
+    step sets unless the table lists it, and decide by START_SERVICES, not the argument count."""
+    contract = entrypoint_contract()
+    steps = sorted((TEAM_LIB / "entrypoint.d").glob("*.sh"))
+    assert [s.name for s in steps] == [k for k in contract if k.endswith(".sh") and k[0].isdigit()], \
+        f"the table should list every step, in order: {list(contract)}"
+    set_before = set(contract["(here)"]["sets"])
+    for path in [*steps, TEAM_LIB / "services.sh"]:
+        text, listed = path.read_text(), contract[path.name]
+        for name in listed["sets"]:
+            assert re.search(rf"\b{name}=", text), f"{path.name} should set {name}, as the table says"
+        for name in listed["unsets"]:
+            assert re.search(rf"^\s*unset\b.*\b{name}\b", text, re.MULTILINE), f"{path.name} should unset {name}"
+        for name in sorted(set_before - listed["sets"]):
+            uses = re.search(rf"\${{?{name}\b", text)
+            assert not uses or name in listed["reads"], \
+                f"{path.name} reads {name} (set by an earlier step) but the table does not say so"
+        assert "$#" not in text, f"{path.name} decides by the entrypoint's argument count"
+        set_before |= listed["sets"]
+
+
 def wait_for_exit(container, timeout=30):
     return container.wait(timeout=timeout)["StatusCode"]
-
-
-def wait_for_health(container, want="healthy", timeout=90):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        container.reload()
-        status = container.attrs["State"].get("Health", {}).get("Status")
-        if status == want:
-            return
-        assert container.status == "running", f"container stopped while waiting for {want}"
-        time.sleep(1)
-    log = container.attrs["State"].get("Health", {}).get("Log", [])[-3:]
-    pytest.fail(f"health is {status!r}, not {want!r}, after {timeout}s; last checks: {log}")
 
 
 def test_tini_is_pid_1(start_container):

@@ -13,7 +13,7 @@ import uuid
 
 import paramiko
 import pytest
-from conftest import READY, hook_mount, host_port, wait_for_log
+from conftest import READY, hook_mount, host_port, wait_for_log, wait_until
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -101,18 +101,6 @@ def shell_send_and_wait(channel, line, marker, timeout=30.0):
         else:
             time.sleep(0.1)
     return buf
-
-
-def wait_until(predicate, timeout, message):
-    """Poll `predicate` until it returns a truthy value (returned) or fail with `message`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(message)
-        time.sleep(0.2)
 
 
 def start_with_ssh(start_container, public_key, **kwargs):

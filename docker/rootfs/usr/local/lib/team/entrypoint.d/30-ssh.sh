@@ -171,9 +171,9 @@ _ssh_main() {
   fi
 }
 
-if [ $# -gt 0 ]; then
-  # `docker run IMAGE <command>` runs that command, not sshd (a sourced step sees the
-  # entrypoint's arguments): no host keys to make, nothing to say unless a key was given.
+if [ "$START_SERVICES" = 0 ]; then
+  # `docker run IMAGE <command>` runs that command, not sshd: no host keys to make, nothing to
+  # say unless a key was given.
   SSHD_ENABLED=0
   if [ -n "${PUBLIC_KEY:-}${PUBLIC_KEY_FILE:-}" ]; then
     log_info "SSH: not started, because a command was given (sshd runs only when the container starts without one)."

@@ -1,10 +1,11 @@
 # shellcheck shell=bash
-# Setup step (sourced): JupyterLab's auth and settings, written to a config file only $NB_USER
-# can read, so the token is never in argv (`ps`) nor in the environment kernels inherit.
+# Setup step (sourced): check JupyterLab's port and auth settings (refusing what cannot work,
+# with the fix) and put the token and password hash in files only $NB_USER can read, in
+# TEAM_JUPYTER_DIR. /etc/jupyter/jupyter_server_config.py reads them when Jupyter starts, so the
+# token is never in argv (`ps`) nor in the environment kernels inherit.
 
 # `docker run IMAGE <command>` starts no Jupyter: nothing to configure (and nothing to refuse).
-# A sourced file sees the entrypoint's arguments.
-[ $# -eq 0 ] || return 0
+[ "$START_SERVICES" = 1 ] || return 0
 
 _jupyter_step() {
   local port=${JUPYTER_PORT:-8888} token="" hash="" kind dir=/run/team/jupyter owner
@@ -71,8 +72,8 @@ elif not re.fullmatch(r"sha1:[0-9a-fA-F]*:[0-9a-f]{40}", h):
     kind=generated
     # Kept for this container's next start (docker restart, --restart after a crash), so open
     # browser tabs keep working; a new container gets a new token.
-    if [ -s "$dir/generated_token" ]; then
-      token=$(< "$dir/generated_token")
+    if [ -s "$dir/token" ]; then
+      token=$(< "$dir/token")
     else
       token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
     fi
@@ -88,27 +89,11 @@ elif not re.fullmatch(r"sha1:[0-9a-fA-F]*:[0-9a-f]{40}", h):
   fi
 
   install -d -m 0700 "$dir"
-  if [ "$kind" = generated ]; then (umask 077 && printf '%s\n' "$token" > "$dir/generated_token"); fi
-  (umask 077 && JT="$token" JH="$hash" JP="$port" python3 -I -S -c '
-import json, os, sys
-cfg = {
-    "ServerApp": {
-        "ip": "0.0.0.0", "port": int(os.environ["JP"]),
-        "port_retries": 0,            # a busy port is an error, not a silent move to another one
-        "open_browser": False, "allow_root": False, "root_dir": "/workspace",
-        "terminado_settings": {"shell_command": ["/bin/bash", "-l"]},
-        # jupyter_server pairs a 30 s ping with a 90 s timeout, which tornado >= 6.5 cuts to 30 s
-        # with a WARN on every websocket: ask for the 30 s it ends up with anyway.
-        "tornado_settings": {"ws_ping_timeout": 30000},
-    },
-    "IdentityProvider": {"token": os.environ["JT"]},
-    # Kernels on unix sockets (mode 700 runtime dir), not localhost TCP ports that any process
-    # in the container can reach; also ends ipykernel'"'"'s "running over TCP" WARNING per kernel.
-    "KernelManager": {"transport": "ipc"},
-}
-if os.environ["JH"]:
-    cfg["PasswordIdentityProvider"] = {"hashed_password": os.environ["JH"]}
-json.dump(cfg, open(sys.argv[1], "w"), indent=1)' "$dir/jupyter_server_config.json")
+  # What jupyter_server_config.py and the log redactor read: the token (empty for a password,
+  # or with JUPYTER_ALLOW_INSECURE=1) and the password hash, if any.
+  (umask 077 && printf '%s' "$token" > "$dir/token")
+  rm -f "$dir/password_hash"
+  if [ -n "$hash" ]; then (umask 077 && printf '%s' "$hash" > "$dir/password_hash"); fi
   chown -R "$owner" "$dir"
 
   # A token we made is shown once, in the ready line; one you chose is not repeated in the logs
@@ -119,7 +104,7 @@ json.dump(cfg, open(sys.argv[1], "w"), indent=1)' "$dir/jupyter_server_config.js
     token) url="$url?token=<your token> (from ${JUPYTER_TOKEN_FILE:-JUPYTER_TOKEN})" ;;
     password) url="$url (log in with your password)" ;;
   esac
-  export JUPYTER_PORT=$port TEAM_JUPYTER_CONFIG="$dir/jupyter_server_config.json" TEAM_JUPYTER_URL="$url"
+  export JUPYTER_PORT=$port TEAM_JUPYTER_DIR=$dir TEAM_JUPYTER_URL=$url
   # Secrets stop here: hooks, Jupyter, its kernels and terminals don't inherit them.
   unset JUPYTER_TOKEN JUPYTER_PASSWORD_HASH
 }
