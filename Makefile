@@ -13,7 +13,7 @@ IMAGE       ?= team-dl## image name (without registry)
 REGISTRY    ?=## e.g. ghcr.io/acme; empty = local only
 BASE_IMAGE  ?= $(V_BASE_IMAGE_REF)## nvidia/cuda base pinned by digest (versions.json), or the stand-in (make base-standin)
 PYTHON_VERSION ?= $(V_PYTHON)## must match the base's python3 (3.11 for the Debian stand-in)
-TAG         ?= $(V_TAG)## immutable descriptive tag (build_info.py tag)
+TAG         ?= $(V_TAG)## immutable descriptive tag (scripts/build_info.py)
 CA_BUNDLE   ?=## PEM bundle for a TLS-inspecting proxy, handed to the build as a secret
 # IMAGE-USER made a valid Docker name: ml/team-dl -> ml-team-dl; USER unset -> `id -un`.
 CONTAINER   ?= $(shell python3 scripts/doctor.py name --image '$(IMAGE)' --user '$(USER)')## container name for make run/stop/logs

@@ -9,8 +9,6 @@ Usage: build_info.py make-vars [--row NAME] [--python X.Y]
                                 [--source URL] [--docker]
                          print KEY=VALUE build args (docker/build-push-action), or with
                          --docker the `--build-arg KEY=VALUE` words `make build` passes
-       build_info.py tag [--row NAME] [--python X.Y]
-                         print the descriptive immutable tag of a row
        build_info.py moving-tags [--row NAME]
                          print the moving tags of a row, space-separated
        build_info.py ci-tags --event EVENT --ref REF [--row NAME] [--date YYYYMMDD] [--sha SHA]
@@ -120,8 +118,6 @@ def main(argv):
             print(" ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in items))
         else:
             print("\n".join(f"{k}={v}" for k, v in items))
-    elif cmd == "tag":
-        print(tag(r, python))
     elif cmd == "moving-tags":
         print(" ".join(r.get("moving_tags", [])))
     elif cmd == "ci-tags":

@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import sys
 import time
 import uuid
 
@@ -13,6 +14,8 @@ import requests
 import docker
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# scripts/ is no package: tests import its modules (build_info, versions, generate) by name.
+sys.path.insert(0, str(ROOT / "scripts"))
 ARTIFACTS = ROOT / "artifacts"
 
 

@@ -13,9 +13,11 @@ import shlex
 import subprocess
 import uuid
 
+import build_info
 import paramiko
 import pytest
 import requests
+import versions
 import yaml
 from conftest import host_port, wait_for_health
 
@@ -24,12 +26,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DEVCONTAINER = ROOT / ".devcontainer" / "devcontainer.json"
 HOST_UID = 4242 if os.geteuid() == 0 else os.geteuid()
-
-
-def default_tag():
-    """The descriptive tag of versions.json's default row, with its own Python."""
-    return subprocess.run(["python3", "scripts/build_info.py", "tag"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout.strip()
 
 
 def compose_command():
@@ -97,7 +93,7 @@ def test_compose_config_reserves_the_gpu_with_shm_ports_volume_and_env_file(proj
 def test_compose_default_image_is_the_version_file_tag(project):
     """The compose and devcontainer image should be versions.json's descriptive tag."""
     config = yaml.safe_load(project["run"]("config").stdout)
-    expected = f"team-dl:{default_tag()}"
+    expected = f"team-dl:{build_info.tag(versions.row())}"
     assert config["services"]["dl"]["image"] == expected, \
         f"compose names {config['services']['dl']['image']}, versions.json says {expected}"
     devcontainer = load_jsonc(DEVCONTAINER)

@@ -2,16 +2,12 @@
 defaults, README's version prose) are written by scripts/generate.py from versions.json: none
 may be edited by hand or left stale when versions.json changes."""
 import json
-import pathlib
 import shutil
 import subprocess
-import sys
 
+import generate  # the list of generated files and blocks (scripts/generate.py)
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import generate  # the list of generated files and blocks
+from conftest import ROOT
 
 OUTPUTS = sorted(set(generate.FILES) | {path for path, _ in generate.BLOCKS})
 

@@ -12,23 +12,19 @@ import pathlib
 import re
 import shlex
 import subprocess
-import sys
 import tarfile
 import uuid
 
+import build_info  # the one place tags, the git sha and build args come from
 import pytest
 import requests
+import versions
 import yaml
 from conftest import version_row
 
 import docker
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-# scripts/ is no package; build_info is the one place tags, the git sha and build args come from.
-import build_info
-import versions
-
 NAME = "team-dl-pushtest"
 # The tiny test image: no base image at all, so no test here needs the stand-in or nvidia/cuda.
 TINY_DOCKERFILE = "FROM scratch\nCOPY payload /payload\n"

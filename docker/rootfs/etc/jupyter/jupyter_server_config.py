@@ -1,14 +1,17 @@
 # JupyterLab's settings in the team image, read by Jupyter each time it starts (docker-stacks
-# ships its jupyter_server_config.py the same way). Other files may add settings beside it:
-# /etc/jupyter/jupyter_server_config.d/*.json load too (a file there wins on the same setting).
+# ships its jupyter_server_config.py the same way). Other settings go in files of their own in
+# /etc/jupyter/jupyter_server_config.d/ (*.json or *.py), loaded at the end of this one.
 #
 # Only the services' JupyterLab is configured: services.sh starts it with TEAM_JUPYTER_DIR set.
 # Step 40-jupyter.sh has already checked what the user gave (JUPYTER_PORT, JUPYTER_TOKEN[_FILE],
 # JUPYTER_PASSWORD_HASH) and put the secrets in files in that folder, which only the user Jupyter
 # runs as can read; read from there, they are never in argv (`ps`) nor in the kernels'
 # environment. A `jupyter` command run with `docker run IMAGE jupyter ...` keeps Jupyter's defaults.
+import json
 import os
 import pathlib
+
+from traitlets.config import Config
 
 c = get_config()  # noqa: F821  (Jupyter defines it for config files)
 secrets = os.environ.get("TEAM_JUPYTER_DIR")
@@ -32,3 +35,12 @@ if secrets:
     password_hash = pathlib.Path(secrets, "password_hash")
     if password_hash.exists():
         c.PasswordIdentityProvider.hashed_password = password_hash.read_text()
+
+# Drop-ins, in name order, after the settings above (so a drop-in wins on the same setting).
+# Jupyter itself takes only the extension switches (ServerApp.jpserver_extensions) from the
+# *.json files there; the rest of what they say is loaded here.
+for dropin in sorted(pathlib.Path("/etc/jupyter/jupyter_server_config.d").glob("*")):
+    if dropin.suffix == ".json":
+        c.merge(Config(json.loads(dropin.read_text())))
+    elif dropin.suffix == ".py":
+        load_subconfig(str(dropin))  # noqa: F821  (Jupyter defines it for config files)
