@@ -2,9 +2,10 @@
 # Setup step (sourced): start-up checks that print the exact fix (/dev/shm, GPU, driver, GPU
 # architecture) and a short banner. Fast on purpose: nvidia-smi and versions.json, no torch import.
 
-_checks_step() {
-  local shm_kib versions=/usr/share/team-image/versions.json
-
+# _check_shm_and_memlock: /dev/shm big enough for DataLoader workers and NCCL; with RDMA devices,
+# a locked-memory limit NCCL can register its buffers under.
+_check_shm_and_memlock() {
+  local shm_kib
   # DataLoader workers and NCCL pass tensors through /dev/shm; Docker's default is 64 MiB.
   shm_kib=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $2 }')
   if [ -n "$shm_kib" ] && [ "$shm_kib" -lt 1048576 ]; then
@@ -21,6 +22,11 @@ _checks_step() {
       log_warn "InfiniBand/RoCE devices are visible but the locked-memory limit is $memlock KiB: NCCL cannot register its buffers and aborts or falls back to TCP sockets. Fix: docker run --ulimit memlock=-1 ... (Slurm/Kubernetes: raise the node's limit, e.g. LimitMEMLOCK=infinity in the slurmd/containerd unit)"
     fi
   fi
+}
+
+_checks_step() {
+  local versions=/usr/share/team-image/versions.json
+  _check_shm_and_memlock
 
   # One python3 start (no torch) reads the build's record (versions.json's row, checked against
   # what was installed): the banner, the minimum driver (versions.json min_driver), the torch and
@@ -37,6 +43,13 @@ print(v.get("min_driver") or "-", ".".join(v["torch"].split(".")[:2]), v["cuda"]
   [ "$min_driver" != - ] || min_driver=""
   log_info "Image: ${torch_line:-versions unknown ($versions missing)}"
 
+  _check_gpus "$min_driver" "$torch" "$cuda" "$arch_list"
+}
+
+# _check_gpus MIN_DRIVER TORCH CUDA "ARCH_LIST": each GPU nvidia-smi lists, with a WARN and the
+# fix for a driver below MIN_DRIVER or an architecture torch has no kernels for.
+_check_gpus() {
+  local min_driver=$1 torch=$2 cuda=$3 arch_list=$4
   # The NVIDIA Container Toolkit mounts nvidia-smi and the /dev/nvidia* nodes only with --gpus.
   # No trace of it means a CPU run on purpose (or a forgotten flag): say how, but no WARN, so a
   # normal CPU start stays clean. A trace of it without a working GPU is a real problem: WARN.
@@ -98,4 +111,4 @@ _arch_supported() {
 }
 
 _checks_step
-unset -f _checks_step _arch_supported
+unset -f _checks_step _check_shm_and_memlock _check_gpus _arch_supported

@@ -7,13 +7,9 @@
 # `docker run IMAGE <command>` starts no Jupyter: nothing to configure (and nothing to refuse).
 [ "$START_SERVICES" = 1 ] || return 0
 
-_jupyter_step() {
-  local port=${JUPYTER_PORT:-8888} token="" hash="" kind dir=/run/team/jupyter owner
-  # The config dir is 0700 and its files 0600, owned by the user Jupyter runs as.
-  owner=$(id -u "$NB_USER"):$(id -g "$NB_USER")
-  [ "$(id -u)" = 0 ] || { dir=${TMPDIR:-/tmp}/team-jupyter-$(id -u); owner=$(id -u):$(id -g); }
-  # --read-only: /run is part of the read-only root; /tmp is the tmpfs the user must add.
-  [ "${ROOT_READONLY:-0}" = 0 ] || dir=${TMPDIR:-/tmp}/team-jupyter-$(id -u "$NB_USER")
+# _jupyter_check_port PORT: a number from 1 to 65535, and not sshd's port while SSH is on.
+_jupyter_check_port() {
+  local port=$1
   case "$port" in
     ''|*[!0-9]*) log_error "JUPYTER_PORT='$port' is not a port number. Fix: -e JUPYTER_PORT=8888"; exit 64 ;;
   esac
@@ -24,6 +20,45 @@ _jupyter_step() {
     log_error "JUPYTER_PORT=22 is sshd's port (SSH is on). Fix: -e JUPYTER_PORT=8888 (publish it with -p HOSTPORT:8888), or -e SSHD_ENABLED=0"
     exit 64
   fi
+}
+
+# _jupyter_check_hash HASH: a password hash some password can match. A hash that is not one
+# would start Jupyter "ready" and answer every login with HTTP 500: parse it the way Jupyter
+# will (argon2's own parser; sha1:salt:40 hex digits), in jupyter-hash-check.
+_jupyter_check_hash() {
+  local hash=$1 how="docker run --rm -it IMAGE python -c 'from jupyter_server.auth import passwd; print(passwd())'"
+  case "$hash" in
+    argon2:*|sha1:*) ;;
+    *) log_error "JUPYTER_PASSWORD_HASH must be a hash ('argon2:...' or 'sha1:...'), not a password. Fix: $how"
+       exit 64 ;;
+  esac
+  if ! JH="$hash" python3 -I /usr/local/lib/team/jupyter-hash-check 2>/dev/null; then
+    log_error "JUPYTER_PASSWORD_HASH is not a valid ${hash%%:*} hash (cut short or mangled by shell quoting?), so no password would ever log in. Fix: make a new one with $how and pass it in single quotes (-e 'JUPYTER_PASSWORD_HASH=argon2:...')"
+    exit 64
+  fi
+}
+
+# _jupyter_check_token_file FILE: a readable file (docker run -v makes a directory when the
+# host path does not exist).
+_jupyter_check_token_file() {
+  if [ -d "$1" ]; then
+    log_error "JUPYTER_TOKEN_FILE=$1 is a directory, not a file (docker run -v makes one when the host path does not exist). Fix: point it at the token file itself, e.g. -v \$PWD/token:/run/secrets/jupyter_token:ro -e JUPYTER_TOKEN_FILE=/run/secrets/jupyter_token"
+    exit 64
+  fi
+  if [ ! -f "$1" ] || [ ! -r "$1" ]; then
+    log_error "JUPYTER_TOKEN_FILE=$1 cannot be read. Fix: mount it, e.g. -v \$PWD/token:/run/secrets/jupyter_token:ro"
+    exit 64
+  fi
+}
+
+_jupyter_step() {
+  local port=${JUPYTER_PORT:-8888} token="" hash="" kind dir=/run/team/jupyter owner
+  # The secrets' dir is 0700 and its files 0600, owned by the user Jupyter runs as.
+  owner=$(id -u "$NB_USER"):$(id -g "$NB_USER")
+  [ "$(id -u)" = 0 ] || { dir=${TMPDIR:-/tmp}/team-jupyter-$(id -u); owner=$(id -u):$(id -g); }
+  # --read-only: /run is part of the read-only root; /tmp is the tmpfs the user must add.
+  [ "${ROOT_READONLY:-0}" = 0 ] || dir=${TMPDIR:-/tmp}/team-jupyter-$(id -u "$NB_USER")
+  _jupyter_check_port "$port"
 
   local given=0
   [ -z "${JUPYTER_TOKEN+set}" ] || given=$((given + 1))
@@ -35,34 +70,10 @@ _jupyter_step() {
   fi
 
   if [ -n "${JUPYTER_PASSWORD_HASH:-}" ]; then
-    local how="docker run --rm -it IMAGE python -c 'from jupyter_server.auth import passwd; print(passwd())'"
-    case "$JUPYTER_PASSWORD_HASH" in
-      argon2:*|sha1:*) hash=$JUPYTER_PASSWORD_HASH; kind=password ;;
-      *) log_error "JUPYTER_PASSWORD_HASH must be a hash ('argon2:...' or 'sha1:...'), not a password. Fix: $how"
-         exit 64 ;;
-    esac
-    # A hash that is not one would start Jupyter "ready" and answer every login with HTTP 500:
-    # parse it the way Jupyter will (argon2's own parser; sha1:salt:40 hex digits).
-    if ! JH="$hash" python3 -I -c '
-import os, re, sys
-h = os.environ["JH"]
-if h.startswith("argon2:"):
-    import argon2
-    argon2.extract_parameters(h[len("argon2:"):])
-elif not re.fullmatch(r"sha1:[0-9a-fA-F]*:[0-9a-f]{40}", h):
-    sys.exit(1)' 2>/dev/null; then
-      log_error "JUPYTER_PASSWORD_HASH is not a valid ${hash%%:*} hash (cut short or mangled by shell quoting?), so no password would ever log in. Fix: make a new one with $how and pass it in single quotes (-e 'JUPYTER_PASSWORD_HASH=argon2:...')"
-      exit 64
-    fi
+    _jupyter_check_hash "$JUPYTER_PASSWORD_HASH"
+    hash=$JUPYTER_PASSWORD_HASH; kind=password
   elif [ -n "${JUPYTER_TOKEN_FILE:-}" ]; then
-    if [ -d "$JUPYTER_TOKEN_FILE" ]; then
-      log_error "JUPYTER_TOKEN_FILE=$JUPYTER_TOKEN_FILE is a directory, not a file (docker run -v makes one when the host path does not exist). Fix: point it at the token file itself, e.g. -v \$PWD/token:/run/secrets/jupyter_token:ro -e JUPYTER_TOKEN_FILE=/run/secrets/jupyter_token"
-      exit 64
-    fi
-    if [ ! -f "$JUPYTER_TOKEN_FILE" ] || [ ! -r "$JUPYTER_TOKEN_FILE" ]; then
-      log_error "JUPYTER_TOKEN_FILE=$JUPYTER_TOKEN_FILE cannot be read. Fix: mount it, e.g. -v \$PWD/token:/run/secrets/jupyter_token:ro"
-      exit 64
-    fi
+    _jupyter_check_token_file "$JUPYTER_TOKEN_FILE"
     # First line only, without a trailing newline or CR.
     IFS= read -r token < "$JUPYTER_TOKEN_FILE" || true
     token=${token%$'\r'}; kind=token
@@ -109,4 +120,4 @@ elif not re.fullmatch(r"sha1:[0-9a-fA-F]*:[0-9a-f]{40}", h):
   unset JUPYTER_TOKEN JUPYTER_PASSWORD_HASH
 }
 _jupyter_step
-unset -f _jupyter_step
+unset -f _jupyter_step _jupyter_check_port _jupyter_check_hash _jupyter_check_token_file
