@@ -540,7 +540,9 @@ def test_tmux_job_survives_ssh_connection_drop(start_container, key):
     client = ssh_connect(c, key.pkey)
     rc, _, _ = ssh_run(client, "tmux has-session -t job")
     assert rc == 0, "the tmux session should survive the dropped connection"
-    first = int(ssh_run(client, "cat /tmp/counter")[1])
+    # The loop rewrites the file (`>` truncates first): a read can catch it empty.
+    first = int(wait_until(lambda: ssh_run(client, "cat /tmp/counter")[1].strip(), 10,
+                           "the counter file stayed empty"))
     wait_until(lambda: int(ssh_run(client, "cat /tmp/counter")[1] or 0) > first + 3, 30,
                "the job in tmux stopped progressing after the connection dropped")
     client.close()
