@@ -253,6 +253,13 @@ def test_make_build_and_tags_pass_what_build_info_computes():
     assert tags.stdout.split() == want, f"make tags printed {tags.stdout.split()}, not {want}"
 
 
+def test_make_help_has_no_colour_codes_when_not_on_a_terminal():
+    """make help piped into a file or another program should print plain text (colour only on a tty)."""
+    result = make("help")
+    assert result.returncode == 0 and "build" in result.stdout, f"make help failed:\n{result.stderr}"
+    assert "\033[" not in result.stdout, f"escape codes in piped output: {result.stdout[:200]!r}"
+
+
 def test_manifest_lists_packages_versions_labels_and_digest(image_ref, image, tmp_path):
     """make manifest should write the image's pip freeze, dpkg list, versions, labels, digest."""
     tag = image_ref.rsplit(":", 1)[1]
