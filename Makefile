@@ -3,16 +3,17 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-# Versions come from versions.json (one matrix row); nothing is copied by hand.
+# Versions come from versions.json (one matrix row); the tag, git revision and build args from
+# scripts/build_info.py, the one place that computes them. Nothing is copied by hand.
 ROW ?=
-$(foreach v,$(shell python3 scripts/versions.py make-vars $(if $(ROW),--row $(ROW))),$(eval $(v)))
+ROW_ARG      = $(if $(ROW),--row $(ROW))
+$(foreach v,$(shell python3 scripts/build_info.py make-vars $(ROW_ARG) $(if $(PYTHON_VERSION),--python $(PYTHON_VERSION))),$(eval $(v)))
 
 IMAGE       ?= team-dl## image name (without registry)
 REGISTRY    ?=## e.g. ghcr.io/acme; empty = local only
 BASE_IMAGE  ?= $(V_BASE_IMAGE_REF)## nvidia/cuda base pinned by digest (versions.json), or the stand-in (make base-standin)
 PYTHON_VERSION ?= $(V_PYTHON)## must match the base's python3 (3.11 for the Debian stand-in)
-CUDNN_MAJOR := $(firstword $(subst ., ,$(V_CUDNN)))
-TAG         ?= $(V_TORCH)-cuda$(V_CUDA)-cudnn$(CUDNN_MAJOR)-py$(PYTHON_VERSION)-runtime## immutable descriptive tag
+TAG         ?= $(V_TAG)## immutable descriptive tag (scripts/build_info.py)
 CA_BUNDLE   ?=## PEM bundle for a TLS-inspecting proxy, handed to the build as a secret
 # IMAGE-USER made a valid Docker name: ml/team-dl -> ml-team-dl; USER unset -> `id -un`.
 CONTAINER   ?= $(shell python3 scripts/doctor.py name --image '$(IMAGE)' --user '$(USER)')## container name for make run/stop/logs
@@ -45,21 +46,21 @@ REF         := $(if $(REGISTRY),$(REGISTRY)/)$(IMAGE):$(TAG)
 DOCKER      ?= /usr/bin/docker
 # The Debian 20.10 client does BuildKit without buildx; a newer client needs buildx.
 export DOCKER_BUILDKIT := 1
-GIT_SHA     := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
-# The commit's time, not the clock: rebuilding the same commit keeps the layer cache.
-CREATED     := $(shell git log -1 --format=%cI 2>/dev/null || echo unknown)
+GIT_SHA     := $(V_GIT_SHA)
+BUILD_INFO_OPTS = --python '$(PYTHON_VERSION)' --base '$(BASE_IMAGE)' --tag '$(TAG)'
 TEST_VENV   := .venv-test
 GPU_FLAGS   = $(shell $(DOCKER) info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo --gpus all)
 # What make run/build would use, for scripts/doctor.py: `make doctor` checks all of it; run and
 # build first check what would stop them, to name the cause and fix before Docker's own error.
-DOCTOR_OPTS = --docker '$(DOCKER)' --image '$(REF)' --base '$(BASE_IMAGE)' $(if $(ROW),--row $(ROW)) \
+DOCTOR_OPTS = --docker '$(DOCKER)' --image '$(REF)' --base '$(BASE_IMAGE)' $(ROW_ARG) \
   --container '$(CONTAINER)' --port PORT_JUPYTER=$(PORT_JUPYTER) --port PORT_SSH=$(PORT_SSH)
 preflight   = $(if $(filter 0,$(PREFLIGHT)),,python3 scripts/doctor.py preflight --for $(1) $(DOCTOR_OPTS))
 
-.PHONY: help build run shell test smoke lint clean base-standin mirror-base test-deps bench
+.PHONY: help build run shell test smoke lint clean base-standin mirror-base test-deps bench generate
 
 help: ## Show this help
-	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  \033[36m%-14s\033[0m %s\n",$$1,$$2}' $(MAKEFILE_LIST)
+	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; else on='' off=''; fi; \
+	awk -v on="$$on" -v off="$$off" 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %s%-14s%s %s\n",on,$$1,off,$$2}' $(MAKEFILE_LIST)
 	@echo; echo "Variables (override as VAR=value):"
 	@awk 'BEGIN{FS="[?]= *|## "} /^[A-Z_]+ *[?]=.*## /{printf "  %-14s %s\n",$$1,$$3}' $(MAKEFILE_LIST)
 	@echo; echo "Current: REF=$(REF) BASE_IMAGE=$(BASE_IMAGE)"
@@ -71,14 +72,7 @@ doctor: ## Check this host (Docker, BuildKit, GPU, disk, base, ports): what is f
 build: ## Build the runtime image as $(REF)
 	@$(call preflight,build)
 	$(DOCKER) build -f docker/Dockerfile --target runtime \
-	  --build-arg BASE_IMAGE=$(BASE_IMAGE) \
-	  --build-arg TORCH_VERSION=$(V_TORCH) --build-arg TORCHVISION_VERSION=$(V_TORCHVISION) \
-	  --build-arg TORCHAUDIO_VERSION=$(V_TORCHAUDIO) --build-arg CUDA=$(V_CUDA) \
-	  --build-arg CUDNN=$(V_CUDNN) --build-arg NCCL=$(V_NCCL) \
-	  --build-arg PYTHON_VERSION=$(PYTHON_VERSION) \
-	  --build-arg 'NVIDIA_REQUIRE_CUDA=$(V_NVIDIA_REQUIRE_CUDA)' \
-	  --build-arg VERSION=$(TAG) --build-arg REVISION=$(GIT_SHA) --build-arg CREATED=$(CREATED) \
-	  --build-arg SOURCE=$(shell git config --get remote.origin.url 2>/dev/null || echo local) \
+	  $(shell python3 scripts/build_info.py build-args --docker $(ROW_ARG) $(BUILD_INFO_OPTS)) \
 	  $(if $(filter $(V_CUDA) $(V_CUDA).%,$(BASE_CUDA)),,--build-arg BASE_CUDA=$(BASE_CUDA)) \
 	  $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) $(MIRROR_SECRETS) $(BUILD_OPTS) \
 	  -t $(REF) .
@@ -126,7 +120,11 @@ smoke: ## Run smoke_tests/ inside a container (GPU if present; SMOKE_ARGS=--requ
 	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
 	$(DOCKER) run --rm $(GPU_FLAGS) --shm-size=8g $(REF) smoke $(SMOKE_ARGS)
 
-lint: test-deps ## hadolint, shellcheck, ruff, actionlint, compose/dependabot schemas
+generate: ## Write the files that repeat versions.json (compose, devcontainer, Dockerfile ARGs, README)
+	python3 scripts/generate.py
+
+lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, actionlint, schemas
+	python3 scripts/generate.py --check
 	$(TEST_VENV)/bin/hadolint docker/Dockerfile tests/slurm-node/Dockerfile
 	$(TEST_VENV)/bin/shellcheck -x $(shell git ls-files '*.sh' '*.sbatch' .ci/run docker/rootfs/usr/local/bin)
 	$(TEST_VENV)/bin/ruff check .
@@ -151,11 +149,11 @@ clean: ## Remove this tag and the test virtualenv
 	-$(DOCKER) image rm $(REF)
 	rm -rf $(TEST_VENV) .pytest_cache
 
-# Publishing: tags come from versions.json (scripts/versions.py); the push script refuses a
-# dirty tree, stale labels and moving an immutable tag, then verifies by pulling the digest.
-MOVING_TAGS ?= $(shell python3 scripts/versions.py moving-tags $(if $(ROW),--row $(ROW)))## moving tags pushed besides TAG and sha-<sha>
+# Publishing: tags come from scripts/build_info.py; the push script refuses a dirty tree, stale
+# labels and moving an immutable tag, then verifies by pulling the digest.
+MOVING_TAGS ?= $(shell python3 scripts/build_info.py moving-tags $(ROW_ARG))## moving tags pushed besides TAG and sha-<sha>
 # Rows other than the default push sha-<sha>-<row>: all rows are built from one commit.
-FLAVOUR     := $(shell python3 scripts/versions.py flavour $(if $(ROW),--row $(ROW)))
+FLAVOUR     := $(shell python3 scripts/build_info.py flavour $(ROW_ARG))
 FORCE       ?=## FORCE=1: let make push replace an immutable tag that names another image
 PUSH_WORKTREE ?= .## git work tree the image was built from (make push refuses it dirty)
 PUBLISH_DIR ?= artifacts/publish## where make push/manifest write the publish record and manifest

@@ -38,6 +38,7 @@ import time
 import urllib.error
 import urllib.request
 
+import build_info
 import versions
 
 MIN_DOCKER = (20, 10)
@@ -633,7 +634,7 @@ def parse(argv):
     row = versions.row(o.row)
     if o.command == "name":
         return o, row
-    o.image = o.image or f"team-dl:{versions.tag(row)}"
+    o.image = o.image or f"team-dl:{build_info.tag(row)}"
     o.base = o.base or versions.base_image(row)
     o.container = o.container or container_name(
         o.image.rsplit("/", 1)[-1].split(":")[0], os.environ.get("USER", ""))

@@ -21,6 +21,8 @@ import re
 import subprocess
 import sys
 
+import build_info
+
 DOCKER = os.environ.get("DOCKER", "docker")
 LABEL_REVISION = "org.opencontainers.image.revision"
 LABEL_VERSION = "org.opencontainers.image.version"
@@ -60,11 +62,6 @@ def git(worktree, *args):
     return run("git", "-C", str(worktree), *args).stdout
 
 
-def head_sha(worktree):
-    # 12 hex digits: the Makefile's GIT_SHA, which the build writes into the revision label.
-    return git(worktree, "rev-parse", "--short=12", "HEAD").strip()
-
-
 def check_clean(worktree):
     dirty = git(worktree, "status", "--porcelain", "--untracked-files=normal").splitlines()
     if dirty:
@@ -90,9 +87,10 @@ def local_image(candidates):
     return ref, attrs["Id"], attrs["Config"].get("Labels") or {}
 
 
-def remote_config_digest(ref, insecure):
-    """The config digest (= image id) the registry has under ref; None when the tag is absent.
-    For a multi-platform index, the linux/amd64 image's."""
+def ask_registry(ref, insecure):
+    """What the registry holds under ref, as `docker manifest inspect -v` reports it: (entries,
+    is_index), one entry per platform image; None when the tag is absent. The one place this
+    script asks a registry about a tag."""
     args = [DOCKER, "manifest", "inspect", "-v"] + (["--insecure"] if insecure else []) + [ref]
     proc = run(*args, check=False)
     if proc.returncode != 0:
@@ -100,7 +98,16 @@ def remote_config_digest(ref, insecure):
             return None
         refuse(f"cannot read {ref} from the registry: {proc.stderr.strip()}")
     entries = json.loads(proc.stdout)
-    for entry in entries if isinstance(entries, list) else [entries]:
+    return (entries, True) if isinstance(entries, list) else ([entries], False)
+
+
+def remote_config_digest(ref, insecure):
+    """The config digest (= image id) the registry has under ref; None when the tag is absent.
+    For a multi-platform index, the linux/amd64 image's."""
+    found = ask_registry(ref, insecure)
+    if found is None:
+        return None
+    for entry in found[0]:
         platform = entry.get("Descriptor", {}).get("platform", {})
         if platform.get("os", "linux") == "linux" and platform.get("architecture", "amd64") == "amd64":
             manifest = entry.get("SchemaV2Manifest") or entry.get("OCIManifest") or {}
@@ -184,38 +191,30 @@ def verify(repository, tags, digest, expected_id, expected_labels, insecure):
     return labels
 
 
-def has_buildx():
-    return run(DOCKER, "buildx", "version", check=False).returncode == 0
-
-
 def served_digest(ref, insecure, must_exist=True):
     """The manifest digest the registry serves for ref (the index's, for a multi-platform
-    image); None when the tag is absent and must_exist is false. Pulls nothing when buildx is
-    there; the Debian 20.10 client has none, and an index then needs a pull to learn it."""
-    if has_buildx():
-        proc = run(DOCKER, "buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest}}",
-                   check=False)
-        if proc.returncode == 0:
-            return json.loads(proc.stdout)["digest"]
-    else:
-        args = [DOCKER, "manifest", "inspect", "-v"] + (["--insecure"] if insecure else []) + [ref]
-        proc = run(*args, check=False)
-        if proc.returncode == 0:
-            entries = json.loads(proc.stdout)
-            if isinstance(entries, dict):
-                return entries["Descriptor"]["digest"]
-            run(DOCKER, "pull", "-q", ref)
-            repo = ref.rsplit(":", 1)[0]
-            attrs = json.loads(run(DOCKER, "image", "inspect", ref).stdout)[0]
-            return next((d.split("@", 1)[1] for d in attrs.get("RepoDigests", [])
-                         if d.startswith(repo + "@")), None)
-    if not must_exist and re.search(r"no such manifest|manifest unknown|not found",
-                                    proc.stderr, re.IGNORECASE):
+    image); None when the tag is absent and must_exist is false. `docker manifest inspect`
+    lists an index's images but not the index's own digest: buildx imagetools gives it, and
+    without buildx (the Debian 20.10 client) a pull does."""
+    found = ask_registry(ref, insecure)
+    if found is None:
+        if must_exist:
+            refuse(f"{ref} is not in the registry")
         return None
-    refuse(f"cannot read {ref} from the registry: {proc.stderr.strip()}")
+    entries, is_index = found
+    if not is_index:
+        return entries[0]["Descriptor"]["digest"]
+    if run(DOCKER, "buildx", "version", check=False).returncode == 0:
+        out = run(DOCKER, "buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest}}").stdout
+        return json.loads(out)["digest"]
+    run(DOCKER, "pull", "-q", ref)
+    repo = ref.rsplit(":", 1)[0]
+    attrs = json.loads(run(DOCKER, "image", "inspect", ref).stdout)[0]
+    return next((d.split("@", 1)[1] for d in attrs.get("RepoDigests", [])
+                 if d.startswith(repo + "@")), None)
 
 
-def main(argv):
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["push", "preflight", "verify"])
     ap.add_argument("--repository", required=True, help="REGISTRY/IMAGE, e.g. ghcr.io/acme/team-dl")
@@ -234,15 +233,34 @@ def main(argv):
                     help="replace an immutable tag that names another image (FORCE=1)")
     ap.add_argument("--record", default="artifacts/publish", help="directory for the publish record")
     args = ap.parse_args(argv)
-
     if args.repository.startswith("/") or "/" not in args.repository:
         refuse(f"repository {args.repository!r} names no registry: set REGISTRY (e.g. ghcr.io/acme)")
+    return args
+
+
+def preflight_digest(repository, immutable, digest, force, insecure):
+    """CI, before building or promoting: an immutable tag may only name digest (a re-run of the
+    same promotion); without one, any existing tag would be replaced."""
+    for tag in immutable:
+        ref = f"{repository}:{tag}"
+        existing = served_digest(ref, insecure, must_exist=False)
+        if existing is None or existing == digest:
+            log("INFO", f"{ref} is {'new' if existing is None else 'already this digest'}")
+        elif force:
+            log("WARN", f"FORCE: immutable {ref} ({existing[:19]}) will be replaced")
+        else:
+            refuse(f"{ref} already exists ({existing[:19]}); immutable tags are never "
+                   f"moved (force to replace)")
+
+
+def main(argv):
+    args = parse_args(argv)
     # A registry on loopback is plain http (dockerd trusts 127.0.0.0/8 as insecure by default).
     insecure = bool(re.match(r"(127\.|localhost[:/])", args.repository))
     worktree = pathlib.Path(args.worktree).resolve()
     check_clean(worktree)
-    sha = head_sha(worktree)
-    # Every row is built from the same commit: the sha tag names the row too (versions.py sha_tag).
+    sha = build_info.git_sha(worktree)  # clean: the sha the build wrote into its label
+    # Every row is built from the same commit: the sha tag names the row too (build_info.sha_tag).
     sha_tag = f"sha-{sha}" + (f"-{args.flavour}" if args.flavour else "")
     immutable = [args.tag] + ([] if args.no_sha_tag else [sha_tag]) + args.extra_immutable.split()
     tags = immutable + args.moving.split()
@@ -256,18 +274,7 @@ def main(argv):
         return
 
     if args.command == "preflight" and not args.image:
-        # CI, before building or promoting: an immutable tag may only name --digest (a re-run
-        # of the same promotion); without one, any existing tag would be replaced.
-        for tag in immutable:
-            ref = f"{args.repository}:{tag}"
-            existing = served_digest(ref, insecure, must_exist=False)
-            if existing is None or existing == args.digest:
-                log("INFO", f"{ref} is {'new' if existing is None else 'already this digest'}")
-            elif args.force:
-                log("WARN", f"FORCE: immutable {ref} ({existing[:19]}) will be replaced")
-            else:
-                refuse(f"{ref} already exists ({existing[:19]}); immutable tags are never "
-                       f"moved (force to replace)")
+        preflight_digest(args.repository, immutable, args.digest, args.force, insecure)
         log("INFO", f"preflight passed for {' '.join(tags)}")
         return
 

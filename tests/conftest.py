@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import sys
 import time
 import uuid
 
@@ -13,6 +14,8 @@ import requests
 import docker
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# scripts/ is no package: tests import its modules (build_info, versions, generate) by name.
+sys.path.insert(0, str(ROOT / "scripts"))
 ARTIFACTS = ROOT / "artifacts"
 
 
@@ -87,21 +90,58 @@ def run_in_image(start_container):
     return run
 
 
+def wait_until(predicate, timeout, message, interval=0.25):
+    """Poll `predicate` until it returns a truthy value (returned), or fail with `message` (a
+    string, or a function giving one, e.g. with the logs of that moment) after `timeout` s.
+    The one wait loop of the suite: `predicate` may itself pytest.fail to stop early."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(message() if callable(message) else message)
+        time.sleep(interval)
+
+
+def _logs(container):
+    return container.logs().decode(errors="replace")
+
+
+def _fail_if_stopped(container, waiting_for):
+    container.reload()
+    if container.status in ("exited", "dead"):
+        pytest.fail(f"container {container.status} before {waiting_for}:\n{_logs(container)}")
+
+
 def wait_for_log(container, pattern, timeout=60.0):
     """Wait until the container's logs match `pattern` (regex); return the logs.
     Fails with the logs when the container exits first or the time runs out."""
     rx = re.compile(pattern)
-    deadline = time.monotonic() + timeout
-    while True:
-        logs = container.logs().decode(errors="replace")
+
+    def logged():
+        logs = _logs(container)
         if rx.search(logs):
-            return logs
-        container.reload()
-        if container.status in ("exited", "dead"):
-            pytest.fail(f"container exited before logging {pattern!r}:\n{logs}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {pattern!r} in the logs after {timeout}s:\n{logs}")
-        time.sleep(0.25)
+            return logs or True
+        _fail_if_stopped(container, f"logging {pattern!r}")
+        return None
+
+    return wait_until(logged, timeout,
+                      lambda: f"no {pattern!r} in the logs after {timeout}s:\n{_logs(container)}")
+
+
+def wait_for_health(container, want="healthy", timeout=90):
+    """Wait until Docker's HEALTHCHECK reports `want`; fail if the container stops first."""
+    def status():
+        _fail_if_stopped(container, f"its health was {want!r}")
+        return container.attrs["State"].get("Health", {}).get("Status") == want
+
+    def why():
+        health = container.attrs["State"].get("Health", {})
+        return (f"health is {health.get('Status')!r}, not {want!r}, after {timeout}s; last checks: "
+                f"{health.get('Log', [])[-3:]}\n{_logs(container)}")
+
+    wait_until(status, timeout, why, interval=1)
 
 
 def host_port(container, port):

@@ -11,26 +11,21 @@ import pathlib
 import re
 import shlex
 import subprocess
-import time
 import uuid
 
+import build_info
 import paramiko
 import pytest
 import requests
+import versions
 import yaml
-from conftest import host_port
+from conftest import host_port, wait_for_health
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DEVCONTAINER = ROOT / ".devcontainer" / "devcontainer.json"
 HOST_UID = 4242 if os.geteuid() == 0 else os.geteuid()
-
-
-def default_tag():
-    """The descriptive tag of versions.json's default row, with its own Python."""
-    return subprocess.run(["python3", "scripts/versions.py", "tag"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout.strip()
 
 
 def compose_command():
@@ -98,7 +93,7 @@ def test_compose_config_reserves_the_gpu_with_shm_ports_volume_and_env_file(proj
 def test_compose_default_image_is_the_version_file_tag(project):
     """The compose and devcontainer image should be versions.json's descriptive tag."""
     config = yaml.safe_load(project["run"]("config").stdout)
-    expected = f"team-dl:{default_tag()}"
+    expected = f"team-dl:{build_info.tag(versions.row())}"
     assert config["services"]["dl"]["image"] == expected, \
         f"compose names {config['services']['dl']['image']}, versions.json says {expected}"
     devcontainer = load_jsonc(DEVCONTAINER)
@@ -115,14 +110,7 @@ def test_compose_cpu_profile_starts_a_healthy_service_with_token_and_key(project
     [container] = docker_client.containers.list(
         all=True, filters={"label": [f"com.docker.compose.project={project['name']}",
                                      "com.docker.compose.service=dl-cpu"]})
-    deadline = time.monotonic() + 180
-    while container.attrs["State"].get("Health", {}).get("Status") != "healthy":
-        assert container.status not in ("exited", "dead"), \
-            f"service exited:\n{container.logs().decode(errors='replace')}"
-        assert time.monotonic() < deadline, \
-            f"not healthy after 180 s:\n{container.logs().decode(errors='replace')}"
-        time.sleep(1)
-        container.reload()
+    wait_for_health(container, timeout=180)
 
     api = f"http://127.0.0.1:{host_port(container, '8888/tcp')}/api/status"
     assert requests.get(api, params={"token": project["token"]}, timeout=10).status_code == 200, \

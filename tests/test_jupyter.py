@@ -69,6 +69,24 @@ def test_api_answers_200_with_the_token(start_jupyter):
     assert r.status_code == 200 and "JupyterLab" in r.text, f"the ready line's URL should open Lab, got {r.status_code}"
 
 
+def test_config_drop_ins_load_beside_the_image_settings(start_jupyter, tmp_path):
+    """Container should apply *.json and *.py drop-ins in /etc/jupyter/jupyter_server_config.d
+    on top of the image's jupyter_server_config.py, whose settings (token, root_dir) still hold."""
+    (tmp_path / "50-hide.json").write_text(json.dumps({"ContentsManager": {"hide_globs": ["*.from-json"]}}))
+    (tmp_path / "60-hidden.py").write_text("c.ContentsManager.allow_hidden = True\n")
+    tmp_path.chmod(0o755)  # readable by dev, as a drop-in folder in an image would be
+    c, base, token = start_jupyter(volumes={str(tmp_path): {"bind": "/etc/jupyter/jupyter_server_config.d", "mode": "ro"}})
+    rc, out = c.exec_run(["touch", "/workspace/keep.txt", "/workspace/x.from-json", "/workspace/.dotfile"], user="dev")
+    assert rc == 0, out
+    r = api(base, "/api/contents", token)
+    assert r.status_code == 200, f"the image's token should still be required and work, got {r.status_code}"
+    names = {item["name"] for item in r.json()["content"]}
+    assert "keep.txt" in names, f"root_dir should still be /workspace: {names}"
+    assert "x.from-json" not in names, f"the JSON drop-in (hide_globs) was not applied: {names}"
+    assert ".dotfile" in names, f"the Python drop-in (allow_hidden) was not applied: {names}"
+    assert api(base, "/api/contents").status_code == 403, "a drop-in should not have turned auth off"
+
+
 def test_refuses_clients_without_a_valid_token(start_jupyter):
     """Container should refuse the API without a token or with a wrong one, and send /lab to login."""
     _, base, _ = start_jupyter()

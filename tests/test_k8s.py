@@ -5,9 +5,9 @@ container spec, with the variables each operator injects, trains as two containe
 import copy
 import json
 import re
-import sys
 import uuid
 
+import build_info  # scripts/build_info.py: the image tag the manifests must name
 import jsonschema
 import pytest
 import yaml
@@ -15,9 +15,6 @@ from conftest import ROOT, version_row
 from test_train_amp import ENTRYPOINT_LOG, SUMMARY, SYNTH
 
 import docker
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import versions  # scripts/versions.py: the image tag the manifests must name
 
 K8S = ROOT / "k8s"
 SCHEMAS = ROOT / "tests" / "data" / "k8s"
@@ -253,8 +250,8 @@ def test_pod_keeps_the_entrypoint_runs_non_root_and_has_a_real_shm(pod_id, spec,
     assert "/workspace" in mounts, f"{pod_id}: no workspace volume for data and checkpoints"
     if container.get("securityContext", {}).get("readOnlyRootFilesystem"):
         assert "/tmp" in mounts, f"{pod_id}: a read-only root needs a writable /tmp"
-    assert container["image"].endswith(":" + versions.tag(version_row())), (
-        f"{pod_id}: the image tag should follow versions.json ({versions.tag(version_row())})")
+    assert container["image"].endswith(":" + build_info.tag(version_row())), (
+        f"{pod_id}: the image tag should follow versions.json ({build_info.tag(version_row())})")
 
 
 def test_jobs_mount_the_shared_workspace_claim_defined_in_k8s():

@@ -1,13 +1,21 @@
 """Process model and start-up: tini as PID 1, fail-fast services, clean `docker stop`, health,
 user hooks, commands as the non-root user, UID mapping, and the start-up checks' messages."""
+import json
 import os
 import re
 import subprocess
-import time
 
 import pytest
 import requests
-from conftest import READY, hook_mount, needs_root, version_row, wait_for_log
+from conftest import (
+    READY,
+    ROOT,
+    hook_mount,
+    needs_root,
+    version_row,
+    wait_for_health,
+    wait_for_log,
+)
 
 ISSUE_LINE = re.compile(r"^(WARN|ERROR)\b|^\[[WEC] ", re.MULTILINE)  # ours, and Jupyter's [W]/[E]/[C]
 
@@ -20,21 +28,55 @@ def public_key(tmp_path_factory):
     return key.with_suffix(".pub").read_text().strip()
 
 
+ENTRYPOINT = ROOT / "docker/rootfs/usr/local/bin/entrypoint.sh"
+TEAM_LIB = ROOT / "docker/rootfs/usr/local/lib/team"
+
+
+def entrypoint_contract():
+    """The table at the top of entrypoint.sh, as {script: {"sets": {...}, "reads": {...}}}:
+    what each setup step (and services.sh) reads from the steps before it and sets for later."""
+    contract, script, verb = {}, None, None
+    for line in ENTRYPOINT.read_text().splitlines():
+        m = re.match(r"#   (\S+\.sh|\(here\))\s+(.*)", line) or re.match(r"#\s{10,}(.*)", line)
+        if not m or (m.lastindex == 1 and script is None):
+            continue
+        if m.lastindex == 2:
+            script, rest = m.group(1), m.group(2)
+            contract[script] = {"sets": set(), "reads": set(), "unsets": set()}
+        else:
+            rest = m.group(1)
+        for word in re.findall(r"\(.*?\)|[A-Za-z_/.]+", rest):
+            if word in ("sets", "exports", "reads", "unsets", "writes"):
+                verb = {"exports": "sets", "writes": None}.get(word, word)
+            elif verb and re.fullmatch(r"[A-Z][A-Z_]{2,}", word):
+                contract[script][verb].add(word)
+    return contract
+
+
+def test_entrypoint_lists_what_each_step_reads_and_sets():
+    """Each setup step should set what entrypoint.sh's table says it sets, read nothing another
+    step sets unless the table lists it, and decide by START_SERVICES, not the argument count."""
+    contract = entrypoint_contract()
+    steps = sorted((TEAM_LIB / "entrypoint.d").glob("*.sh"))
+    assert [s.name for s in steps] == [k for k in contract if k.endswith(".sh") and k[0].isdigit()], \
+        f"the table should list every step, in order: {list(contract)}"
+    set_before = set(contract["(here)"]["sets"])
+    for path in [*steps, TEAM_LIB / "services.sh"]:
+        text, listed = path.read_text(), contract[path.name]
+        for name in listed["sets"]:
+            assert re.search(rf"\b{name}=", text), f"{path.name} should set {name}, as the table says"
+        for name in listed["unsets"]:
+            assert re.search(rf"^\s*unset\b.*\b{name}\b", text, re.MULTILINE), f"{path.name} should unset {name}"
+        for name in sorted(set_before - listed["sets"]):
+            uses = re.search(rf"\${{?{name}\b", text)
+            assert not uses or name in listed["reads"], \
+                f"{path.name} reads {name} (set by an earlier step) but the table does not say so"
+        assert "$#" not in text, f"{path.name} decides by the entrypoint's argument count"
+        set_before |= listed["sets"]
+
+
 def wait_for_exit(container, timeout=30):
     return container.wait(timeout=timeout)["StatusCode"]
-
-
-def wait_for_health(container, want="healthy", timeout=90):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        container.reload()
-        status = container.attrs["State"].get("Health", {}).get("Status")
-        if status == want:
-            return
-        assert container.status == "running", f"container stopped while waiting for {want}"
-        time.sleep(1)
-    log = container.attrs["State"].get("Health", {}).get("Log", [])[-3:]
-    pytest.fail(f"health is {status!r}, not {want!r}, after {timeout}s; last checks: {log}")
 
 
 def test_tini_is_pid_1(start_container):
@@ -285,14 +327,11 @@ def test_sudo_check_notices_a_grant_that_grants_nothing(run_in_image, tmp_path):
     ("0, NVIDIA GeForce RTX 4090, 550.54.15, 8.9", None),  # sm_86 kernels run on sm_89
     ("0, NVIDIA GeForce RTX 5090, 570.124.04, 12.0", r"Blackwell .*no kernels.*tag 'blackwell' \(PyTorch >= 2\.7"),
     ("0, NVIDIA B200, 570.124.06, 10.0", r"Blackwell .*no kernels.*tag 'blackwell' \(PyTorch >= 2\.7"),
-    ("0, Tesla T4, 470.82.01, 7.5", r"driver 470\.82\.01 is older than 525\.60\.13.*upgrade"),
+    ("0, Tesla T4, 470.82.01, 7.5", r"driver 470\.82\.01 is older than {min_driver}, the minimum for CUDA {cuda}.*upgrade"),
 ], ids=["h100", "rtx4090", "rtx5090", "b200", "old-driver"])
 def test_gpu_checks_name_the_problem_and_the_fix(run_in_image, tmp_path, gpu, warn):
     """Container should report the GPU and WARN, with the fix, on an old driver or a Blackwell GPU."""
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text(f"#!/bin/sh\necho '{gpu}'\n")
-    fake.chmod(0o755)
-    code, out = run_in_image(["true"], volumes={str(fake): {"bind": "/usr/local/nvidia/bin/nvidia-smi", "mode": "ro"}})
+    code, out = run_in_image(["true"], volumes=fake_nvidia_smi(tmp_path, gpu))
     assert code == 0, f"GPU checks should warn, not fail:\n{out}"
     name = gpu.split(", ")[1]
     assert re.search(rf"^INFO .*GPU 0: {name}", out, re.MULTILINE), f"the banner should list the GPU:\n{out}"
@@ -300,7 +339,35 @@ def test_gpu_checks_name_the_problem_and_the_fix(run_in_image, tmp_path, gpu, wa
     if warn is None:
         assert not warns, f"a supported GPU should give no WARN: {warns}"
     else:
+        warn = warn.format(min_driver=re.escape(version_row()["min_driver"]),
+                           cuda=re.escape(version_row()["cuda"]))  # versions.json
         assert any(re.search(warn, w) for w in warns), f"expected a WARN matching {warn!r}:\n{out}"
+
+
+def fake_nvidia_smi(tmp_path, gpu):
+    """The volumes that put an nvidia-smi printing `gpu` (its CSV query line) in the container."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho '{gpu}'\n")
+    fake.chmod(0o755)
+    return {str(fake): {"bind": "/usr/local/nvidia/bin/nvidia-smi", "mode": "ro"}}
+
+
+def test_driver_floor_and_versions_in_the_warning_come_from_the_image_record(run_in_image, tmp_path):
+    """Container should take the minimum driver and the CUDA version it names from the build's
+    record (/usr/share/team-image/versions.json, from versions.json's row), not from the script."""
+    code, record = run_in_image(["cat", "/usr/share/team-image/versions.json"], entrypoint=[])
+    assert code == 0, f"the image has no version record:\n{record}"
+    record = json.loads(record)
+    assert (record.get("row"), record.get("min_driver")) == (version_row()["name"], version_row()["min_driver"]), \
+        f"the record should name the row and its min_driver: {record}"
+    record.update(min_driver="600.1.2", cuda="77.7")  # a floor above the fake GPU's 550 driver
+    (tmp_path / "versions.json").write_text(json.dumps(record))
+    volumes = fake_nvidia_smi(tmp_path, "0, NVIDIA H100 80GB HBM3, 550.54.15, 9.0")
+    volumes[str(tmp_path / "versions.json")] = {"bind": "/usr/share/team-image/versions.json", "mode": "ro"}
+    code, out = run_in_image(["true"], volumes=volumes)
+    assert code == 0, f"GPU checks should warn, not fail:\n{out}"
+    assert re.search(r"^WARN .*driver 550\.54\.15 is older than 600\.1\.2, the minimum for CUDA 77\.7",
+                     out, re.MULTILINE), f"the warning should follow the record's min_driver and CUDA:\n{out}"
 
 
 def test_arbitrary_user_flag_still_serves_jupyter(start_container):

@@ -15,8 +15,10 @@ import subprocess
 import tarfile
 import uuid
 
+import build_info  # the one place tags, the git sha and build args come from
 import pytest
 import requests
+import versions
 import yaml
 from conftest import version_row
 
@@ -166,14 +168,13 @@ def test_every_row_publishes_its_own_tags_naming_its_torch_and_cuda(event, ref):
     seen = {}
     for r in VERSIONS["matrix"]:
         out = subprocess.run(
-            ["python3", "scripts/versions.py", "ci-tags", "--row", r["name"], "--event", event, "--ref", ref,
+            ["python3", "scripts/build_info.py", "ci-tags", "--row", r["name"], "--event", event, "--ref", ref,
              "--sha", "abc", "--date", "20261207"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
         got = dict(line.split("=", 1) for line in out.splitlines())
         for t in got["immutable"].split() + got["moving"].split():
             assert t not in seen, f"{event} {ref}: rows {seen[t]} and {r['name']} both push {t!r}"
             seen[t] = r["name"]
-        descriptive = subprocess.run(["python3", "scripts/versions.py", "tag", "--row", r["name"]], cwd=ROOT,
-                                     check=True, capture_output=True, text=True).stdout.strip()
+        descriptive = build_info.tag(r)
         assert descriptive.startswith(f"{r['torch']}-cuda{r['cuda']}-"), f"{r['name']}: tag {descriptive}"
     matrix = json.loads(subprocess.run(["python3", "scripts/versions.py", "matrix"], cwd=ROOT, check=True,
                                        capture_output=True, text=True).stdout)
@@ -181,13 +182,13 @@ def test_every_row_publishes_its_own_tags_naming_its_torch_and_cuda(event, ref):
 
 
 def test_release_promotes_and_smoke_tests_each_rows_own_images():
-    """The promote job should look up the digest main pushed for *its* row (versions.py sha-tag),
+    """The promote job should look up the digest main pushed for *its* row (build_info.py sha-tag),
     and every publishing job should run once per row (the versions.py matrix)."""
     wf = load_workflow(ROOT / ".github" / "workflows" / "release.yml")
     for job in ("publish", "promote", "gpu-smoke"):
         assert "needs.setup.outputs.matrix" in str(wf["jobs"][job]["strategy"]["matrix"]), f"{job}: not per row"
     runs = "\n".join(s.get("run", "") for s in wf["jobs"]["promote"]["steps"])
-    assert "versions.py sha-tag --row" in runs and ":sha-$SHA\"" not in runs, (
+    assert "build_info.py sha-tag --row" in runs and ":sha-$SHA\"" not in runs, (
         "promote must find the row's own sha tag, not the default row's sha-<sha>")
 
 
@@ -263,31 +264,48 @@ def test_push_refuses_without_a_registry(worktree):
     assert "set REGISTRY" in result.stderr, f"no hint about REGISTRY:\n{result.stderr}"
 
 
-def test_make_tags_match_the_version_file():
-    """make tags should print the tags versions.py derives from versions.json, TAG first."""
-    result = make("tags", "PYTHON_VERSION=3.10")
-    assert result.returncode == 0, f"make tags failed:\n{result.stderr}"
-    expected = subprocess.run(
-        ["python3", "scripts/versions.py", "tags", "--python", "3.10"], cwd=ROOT,
-        capture_output=True, text=True, check=True).stdout
-    assert result.stdout.split() == expected.split(), f"{result.stdout!r} != {expected!r}"
-    assert re.fullmatch(r"\d+\.\d+\.\d+-cuda\d+\.\d+-cudnn\d+-py3\.10-runtime",
-                        result.stdout.split()[0]), f"odd descriptive tag {result.stdout.split()[0]}"
+@pytest.mark.parametrize(("row", "python", "tag"), [
+    ({"torch": "2.6.0", "cuda": "12.4", "cudnn": "9.1", "python": "3.10"}, None,
+     "2.6.0-cuda12.4-cudnn9-py3.10-runtime"),
+    ({"torch": "2.7.1", "cuda": "12.8", "cudnn": "9.7.1", "python": "3.10"}, "3.11",
+     "2.7.1-cuda12.8-cudnn9-py3.11-runtime"),
+])
+def test_descriptive_tag_names_torch_cuda_cudnn_major_and_python(row, python, tag):
+    """build_info.tag should spell <torch>-cuda<cuda>-cudnn<major>-py<python>-runtime."""
+    assert build_info.tag(row, python) == tag, f"tag of {row} (python {python}) should be {tag}"
 
 
-def test_ci_build_args_match_make_build():
-    """versions.py build-args (used by the workflows) should equal what make build passes."""
-    result = make("-n", "build")
+def test_git_sha_is_twelve_hex_digits_and_says_dirty(worktree):
+    """build_info.git_sha should be HEAD's 12-digit sha, with -dirty once a tracked file changes."""
+    head = git(worktree, "rev-parse", "HEAD")
+    assert build_info.git_sha(worktree) == head[:12], f"clean tree: not {head[:12]}"
+    (worktree / "untracked.txt").write_text("git does not track this\n")
+    assert build_info.git_sha(worktree) == head[:12], "an untracked file should not make it dirty"
+    (worktree / "Dockerfile").write_text(TINY_DOCKERFILE + "# edited\n")
+    assert build_info.git_sha(worktree) == head[:12] + "-dirty", "an edited tracked file should"
+
+
+def test_make_build_and_tags_pass_what_build_info_computes():
+    """make build should pass build_info's build args, with make's overrides; make tags its tags."""
+    result = make("-n", "build", "PYTHON_VERSION=3.11", "BASE_IMAGE=example/base:1", "TAG=t1")
     assert result.returncode == 0, f"make -n build failed:\n{result.stderr}"
     # Read the command as the shell does: values may be quoted (NVIDIA_REQUIRE_CUDA has '>').
     words = shlex.split(result.stdout.replace("\\\n", " "))
     from_make = dict(words[i + 1].split("=", 1) for i, w in enumerate(words) if w == "--build-arg")
-    source = from_make.get("SOURCE", "local")
-    from_ci = subprocess.run(
-        ["python3", "scripts/versions.py", "build-args", "--source", source], cwd=ROOT,
-        capture_output=True, text=True, check=True).stdout
-    from_ci = dict(line.split("=", 1) for line in from_ci.splitlines())
-    assert from_ci == from_make, f"CI build args {from_ci} differ from make's {from_make}"
+    expected = build_info.build_args(versions.row(), "3.11", "example/base:1", "t1")
+    assert from_make == expected, f"make build passes {from_make}, build_info says {expected}"
+    tags = make("tags", "PYTHON_VERSION=3.10")
+    assert tags.returncode == 0, f"make tags failed:\n{tags.stderr}"
+    row = versions.row()  # make runs here without $ROW: the default row
+    want = [build_info.tag(row, "3.10"), f"sha-{build_info.git_sha()}", *row["moving_tags"]]
+    assert tags.stdout.split() == want, f"make tags printed {tags.stdout.split()}, not {want}"
+
+
+def test_make_help_has_no_colour_codes_when_not_on_a_terminal():
+    """make help piped into a file or another program should print plain text (colour only on a tty)."""
+    result = make("help")
+    assert result.returncode == 0 and "build" in result.stdout, f"make help failed:\n{result.stderr}"
+    assert "\033[" not in result.stdout, f"escape codes in piped output: {result.stdout[:200]!r}"
 
 
 def test_manifest_lists_packages_versions_labels_and_digest(image_ref, image, tmp_path):
@@ -317,10 +335,9 @@ def test_manifest_lists_packages_versions_labels_and_digest(image_ref, image, tm
 ])
 def test_release_workflow_tags_follow_the_event(event, ref, immutable, moving):
     """A release promotes main's build to the descriptive tag; main pushes sha-; weekly a dated tag."""
-    tag = subprocess.run(["python3", "scripts/versions.py", "tag"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout.strip()
+    tag = build_info.tag(version_row())
     out = subprocess.run(
-        ["python3", "scripts/versions.py", "ci-tags", "--event", event, "--ref", ref,
+        ["python3", "scripts/build_info.py", "ci-tags", "--event", event, "--ref", ref,
          "--sha", "abc", "--date", "20261207"], cwd=ROOT, check=True, capture_output=True,
         text=True).stdout
     got = dict(line.split("=", 1) for line in out.splitlines())
@@ -414,7 +431,8 @@ def test_workflows_copy_no_versions_by_hand(path):
     for row in data["matrix"]:
         for key in ("torch", "cuda_full", "base_image"):
             assert row[key] not in text, f"{path.name} spells {key}={row[key]} by hand"
-    assert "scripts/versions.py" in text, f"{path.name} does not read versions.json"
+    assert "scripts/versions.py" in text or "scripts/build_info.py" in text, \
+        f"{path.name} does not read versions.json"
 
 
 def test_release_workflow_signs_scans_attests_and_rebuilds_weekly():
@@ -437,6 +455,10 @@ def test_release_workflow_signs_scans_attests_and_rebuilds_weekly():
         "a release must promote main's digest, not rebuild"
     assert "cosign verify" in "\n".join(st.get("run", "") for st in promote), \
         "promotion does not check main's signature"
+    for job in ("publish", "promote"):
+        runs = [st.get("run", "") for st in wf["jobs"][job]["steps"]]
+        assert sum("scripts/publish-digest.sh" in r for r in runs) == 1, \
+            f"{job} should tag and verify its digest with the one script, publish-digest.sh"
 
 
 def test_dependabot_watches_docker_actions_and_pip():

@@ -4,8 +4,10 @@ image, no Docker (these tests use no fixture, so IMAGE_REF need not be set).
 
 Sections are paired by anchor: each heading of the translation has `<a id="KEY"></a>` on the line
 above it, KEY being GitHub's anchor for the English heading, so links into either README agree and
-a failure names the section to fix. What these tests cannot see: a prose sentence holding none of
-those items; when README.md changes, read its diff too."""
+a failure names the section to fix. One-line HTML comments are not rendered and are skipped, so
+README.md's GENERATED markers need no counterpart; the translation's copies of the generated
+blocks are translated by hand like any other text. What these tests cannot see: a prose sentence
+holding none of those items; when README.md changes, read its diff too."""
 import pathlib
 import re
 from dataclasses import dataclass, field
@@ -17,6 +19,9 @@ ZH = ROOT / "README.zh-CN.md"
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*$")
 ANCHOR = re.compile(r'^<a id="([^"]+)"></a>\s*$')
+# A line that is one HTML comment is not rendered: README.md's `<!-- BEGIN name: GENERATED ... -->`
+# markers (scripts/generate.py) and notes to translators. Skipped on both sides.
+HTML_COMMENT = re.compile(r"^\s*<!--.*-->\s*$")
 # ASCII classes throughout: in Python's Unicode mode a CJK character counts as \w, so `\b` and
 # `\w` lookarounds would miss a name or a number written right next to Chinese text.
 A = re.ASCII
@@ -78,6 +83,8 @@ def sections(path):
         if FENCE.match(line):
             in_code = not in_code
             result[-1].lines.append((n, "", None))  # neither code nor prose, kept for numbering
+            continue
+        if not in_code and HTML_COMMENT.match(line):
             continue
         if not in_code and ANCHOR.match(line):
             anchor = ANCHOR.match(line).group(1)

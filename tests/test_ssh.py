@@ -13,7 +13,7 @@ import uuid
 
 import paramiko
 import pytest
-from conftest import READY, hook_mount, host_port, wait_for_log
+from conftest import READY, hook_mount, host_port, wait_for_log, wait_until
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -101,18 +101,6 @@ def shell_send_and_wait(channel, line, marker, timeout=30.0):
         else:
             time.sleep(0.1)
     return buf
-
-
-def wait_until(predicate, timeout, message):
-    """Poll `predicate` until it returns a truthy value (returned) or fail with `message`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(message)
-        time.sleep(0.2)
 
 
 def start_with_ssh(start_container, public_key, **kwargs):
@@ -552,7 +540,9 @@ def test_tmux_job_survives_ssh_connection_drop(start_container, key):
     client = ssh_connect(c, key.pkey)
     rc, _, _ = ssh_run(client, "tmux has-session -t job")
     assert rc == 0, "the tmux session should survive the dropped connection"
-    first = int(ssh_run(client, "cat /tmp/counter")[1])
+    # The loop rewrites the file (`>` truncates first): a read can catch it empty.
+    first = int(wait_until(lambda: ssh_run(client, "cat /tmp/counter")[1].strip(), 10,
+                           "the counter file stayed empty"))
     wait_until(lambda: int(ssh_run(client, "cat /tmp/counter")[1] or 0) > first + 3, 30,
                "the job in tmux stopped progressing after the connection dropped")
     client.close()

@@ -3,7 +3,8 @@
 
 Compares torch/torchvision/torchaudio, CUDA, cuDNN, NCCL and Python against the build args
 (which the Makefile takes from versions.json and writes into the tag), checks that there is
-exactly one libcudnn and one libnccl in the image, and writes what it found as JSON.
+exactly one libcudnn and one libnccl in the image, and writes what it found as JSON, with the
+versions.json row's name and min_driver (the start-up checks read both from that record).
 """
 import argparse
 import json
@@ -28,6 +29,8 @@ def main():
     # The CUDA the base image declares (CUDA_VERSION): the row's own (the default), or the stand-in's
     # (its default row's) when a non-default row is built on the one stand-in (Makefile BASE_CUDA).
     p.add_argument("--base-cuda", default="")
+    p.add_argument("--row", required=True, help="the versions.json row the build args come from")
+    p.add_argument("--min-driver", required=True, help="that row's min_driver")
     p.add_argument("--out", required=True)
     want = p.parse_args()
 
@@ -38,6 +41,8 @@ def main():
     cudnn = torch.backends.cudnn.version()  # e.g. 90100, read from the loaded libcudnn
     nccl = torch.cuda.nccl.version()         # e.g. (2, 21, 5), read from the loaded libnccl
     have = {
+        "row": want.row,
+        "min_driver": want.min_driver,
         "torch": torch.__version__.split("+")[0],
         "torchvision": torchvision.__version__.split("+")[0],
         "torchaudio": torchaudio.__version__.split("+")[0],

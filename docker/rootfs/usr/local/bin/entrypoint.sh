@@ -7,8 +7,25 @@ source /usr/local/lib/team/log.sh
 # shellcheck source=SCRIPTDIR/../lib/team/user.sh
 source /usr/local/lib/team/user.sh
 
-# Setup steps: small scripts, one concern each, sourced in order so they can set variables
-# for later steps (e.g. SSHD_ENABLED). Root-only steps check `id -u` themselves.
+# Setup steps: small scripts, one concern each, sourced in order. What each reads and sets (the
+# user's -e variables aside) is listed here; a step uses nothing else from the ones before it.
+# Plain shell variables are for later steps only; exported ones also reach services.sh, and
+# from there Jupyter, or the command.
+#   (here)         sets    START_SERVICES: 1 with no command (sshd + JupyterLab), 0 with one
+#   10-user.sh     sets    WORKSPACE_MOUNTED (/workspace is a mount), ROOT_READONLY (--read-only)
+#                  exports NB_UID NB_GID NB_HOME (the user as remapped, and its writable home)
+#   15-cache.sh    reads   WORKSPACE_MOUNTED NB_UID
+#                  exports XDG_CACHE_HOME TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
+#   20-checks.sh   reads   /usr/share/team-image/versions.json (the build's record); sets nothing
+#   30-ssh.sh      reads   START_SERVICES ROOT_READONLY; exports SSHD_ENABLED; unsets PUBLIC_KEY
+#   35-env.sh      reads   ROOT_READONLY; writes /etc/team/environment (for SSH sessions, tmux)
+#   40-jupyter.sh  reads   START_SERVICES ROOT_READONLY SSHD_ENABLED
+#                  exports JUPYTER_PORT TEAM_JUPYTER_DIR TEAM_JUPYTER_URL; unsets JUPYTER_TOKEN
+#                          JUPYTER_PASSWORD_HASH
+#   services.sh    reads   SSHD_ENABLED NB_HOME JUPYTER_PORT TEAM_JUPYTER_DIR TEAM_JUPYTER_URL
+# Root-only steps check `id -u` themselves.
+# shellcheck disable=SC2034  # read by the sourced steps
+START_SERVICES=$(( $# == 0 ))
 for step in /usr/local/lib/team/entrypoint.d/*.sh; do
   # shellcheck source=/dev/null
   source "$step"

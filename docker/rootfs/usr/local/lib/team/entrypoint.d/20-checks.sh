@@ -2,10 +2,10 @@
 # Setup step (sourced): start-up checks that print the exact fix (/dev/shm, GPU, driver, GPU
 # architecture) and a short banner. Fast on purpose: nvidia-smi and versions.json, no torch import.
 
-_checks_step() {
-  local shm_kib versions=/usr/share/team-image/versions.json
-  local min_driver=525.60.13   # CUDA 12.4's minimum Linux driver (CUDA 12.4 release notes, table 3)
-
+# _check_shm_and_memlock: /dev/shm big enough for DataLoader workers and NCCL; with RDMA devices,
+# a locked-memory limit NCCL can register its buffers under.
+_check_shm_and_memlock() {
+  local shm_kib
   # DataLoader workers and NCCL pass tensors through /dev/shm; Docker's default is 64 MiB.
   shm_kib=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $2 }')
   if [ -n "$shm_kib" ] && [ "$shm_kib" -lt 1048576 ]; then
@@ -22,19 +22,34 @@ _checks_step() {
       log_warn "InfiniBand/RoCE devices are visible but the locked-memory limit is $memlock KiB: NCCL cannot register its buffers and aborts or falls back to TCP sockets. Fix: docker run --ulimit memlock=-1 ... (Slurm/Kubernetes: raise the node's limit, e.g. LimitMEMLOCK=infinity in the slurmd/containerd unit)"
     fi
   fi
+}
 
-  # One python3 start (no torch) reads versions.json: torch/CUDA/cuDNN/NCCL and the GPU
-  # architectures torch has kernels for, as written at build time.
-  local torch_line="" arch_list=""
+_checks_step() {
+  local versions=/usr/share/team-image/versions.json
+  _check_shm_and_memlock
+
+  # One python3 start (no torch) reads the build's record (versions.json's row, checked against
+  # what was installed): the banner, the minimum driver (versions.json min_driver), the torch and
+  # CUDA versions the warnings name, and the GPU architectures torch has kernels for.
+  local torch_line="" arch_list="" min_driver="" torch="" cuda=""
   if [ -r "$versions" ]; then
-    { read -r torch_line; read -r arch_list; } < <(python3 -I -S -c '
+    { read -r torch_line; read -r arch_list; read -r min_driver torch cuda; } < <(python3 -I -S -c '
 import json, sys
 v = json.load(open(sys.argv[1]))
 print("torch {torch}, CUDA {cuda}, cuDNN {cudnn}, NCCL {nccl}, Python {python}".format(**v))
-print(" ".join(v.get("cuda_arch_list") or []))' "$versions") || true
+print(" ".join(v.get("cuda_arch_list") or []))
+print(v.get("min_driver") or "-", ".".join(v["torch"].split(".")[:2]), v["cuda"])' "$versions") || true
   fi
+  [ "$min_driver" != - ] || min_driver=""
   log_info "Image: ${torch_line:-versions unknown ($versions missing)}"
 
+  _check_gpus "$min_driver" "$torch" "$cuda" "$arch_list"
+}
+
+# _check_gpus MIN_DRIVER TORCH CUDA "ARCH_LIST": each GPU nvidia-smi lists, with a WARN and the
+# fix for a driver below MIN_DRIVER or an architecture torch has no kernels for.
+_check_gpus() {
+  local min_driver=$1 torch=$2 cuda=$3 arch_list=$4
   # The NVIDIA Container Toolkit mounts nvidia-smi and the /dev/nvidia* nodes only with --gpus.
   # No trace of it means a CPU run on purpose (or a forgotten flag): say how, but no WARN, so a
   # normal CPU start stays clean. A trace of it without a working GPU is a real problem: WARN.
@@ -62,20 +77,19 @@ print(" ".join(v.get("cuda_arch_list") or []))' "$versions") || true
     arch_list=$(python3 -c 'import torch; print(torch._C._cuda_getArchFlags())' 2>/dev/null || true)
   fi
 
-  local idx name driver cc sm torch_version
+  local idx name driver cc sm
   while IFS=, read -r idx name driver cc; do
     idx=${idx// /}; name=${name# }; driver=${driver// /}; cc=${cc// /}
     log_info "GPU $idx: $name, compute capability $cc, driver $driver"
-    if [ "$(printf '%s\n%s\n' "$min_driver" "$driver" | sort -V | head -n 1)" != "$min_driver" ]; then
-      log_warn "GPU $idx: driver $driver is older than $min_driver, the minimum for CUDA 12.4: torch.cuda will fail with 'The NVIDIA driver on your system is too old'. Fix: upgrade the host's NVIDIA driver to >= $min_driver (data-center GPUs: or use CUDA forward compatibility)"
+    if [ -n "$min_driver" ] && [ "$(printf '%s\n%s\n' "$min_driver" "$driver" | sort -V | head -n 1)" != "$min_driver" ]; then
+      log_warn "GPU $idx: driver $driver is older than $min_driver, the minimum for CUDA $cuda: torch.cuda will fail with 'The NVIDIA driver on your system is too old'. Fix: upgrade the host's NVIDIA driver to >= $min_driver (data-center GPUs: or use CUDA forward compatibility)"
     fi
     sm=${cc/./}
     # Kernels for sm_XY also run on the same major with a higher minor (sm_86 on an sm_89 GPU).
     if [ -n "$arch_list" ] && [[ $sm =~ ^[0-9]+$ ]] && ! _arch_supported "$sm" "$arch_list"; then
       if [ "${cc%%.*}" -ge 10 ]; then
         # `blackwell` is the moving tag of versions.json's Blackwell row (README: Flavours).
-        torch_version=${torch_line%%,*}
-        log_warn "GPU $idx ($name) is a Blackwell GPU (sm_$sm); this image's PyTorch ${torch_version#torch } wheels have no kernels for it (they have: $arch_list), so CUDA work fails with 'no kernel image is available'. Fix: use the Blackwell flavour of this image, tag 'blackwell' (PyTorch >= 2.7 built for CUDA 12.8+, with sm_100/sm_120 kernels; host driver >= 580), e.g. docker pull <registry>/team-dl:blackwell"
+        log_warn "GPU $idx ($name) is a Blackwell GPU (sm_$sm); this image's PyTorch $torch wheels have no kernels for it (they have: $arch_list), so CUDA work fails with 'no kernel image is available'. Fix: use the Blackwell flavour of this image, tag 'blackwell' (PyTorch >= 2.7 built for CUDA 12.8+, with sm_100/sm_120 kernels; host driver >= 580), e.g. docker pull <registry>/team-dl:blackwell"
       else
         log_warn "GPU $idx ($name, sm_$sm) is not in this PyTorch build's architectures ($arch_list): CUDA work fails with 'no kernel image is available'. Fix: use a PyTorch build that includes sm_$sm"
       fi
@@ -98,4 +112,4 @@ _arch_supported() {
 }
 
 _checks_step
-unset -f _checks_step _arch_supported
+unset -f _checks_step _check_shm_and_memlock _check_gpus _arch_supported

@@ -8,6 +8,7 @@ _SSH_MOUNTED_KEYS=/etc/team/authorized_keys
 _SSH_HOW='-e PUBLIC_KEY="$(cat ~/.ssh/id_ed25519.pub)"'
 _SSH_NEW=()         # validated key lines not yet in authorized_keys
 _SSH_FPS=" "        # fingerprints already present or queued: each key goes in once
+_SSH_HAVE=0         # keys in authorized_keys once merged (_ssh_merge_keys)
 
 # Fails the container with the source's name and the fix; never echoes the rejected value,
 # which could be a private key pasted by mistake.
@@ -86,17 +87,9 @@ _ssh_die_hostdir() {
   exit 1
 }
 
-_ssh_main() {
-  local requested=${SSHD_ENABLED:-} home uid gid ak fp line have=0
-
-  if [ "$(id -u)" != 0 ]; then
-    SSHD_ENABLED=0
-    if [ -n "${PUBLIC_KEY:-}${PUBLIC_KEY_FILE:-}" ]; then
-      log_warn "SSH is off: sshd needs the container to start as root (the entrypoint drops to the user itself). Remove --user to use PUBLIC_KEY/PUBLIC_KEY_FILE."
-    fi
-    return 0
-  fi
-
+# _ssh_collect_keys: validates and queues the keys from PUBLIC_KEY, PUBLIC_KEY_FILE and the
+# mounted authorized_keys file.
+_ssh_collect_keys() {
   if [ -n "${PUBLIC_KEY:-}" ]; then
     _ssh_add PUBLIC_KEY "$PUBLIC_KEY"
   fi
@@ -110,29 +103,22 @@ _ssh_main() {
   if [ -f "$_SSH_MOUNTED_KEYS" ]; then
     _ssh_add "$_SSH_MOUNTED_KEYS" "$(cat "$_SSH_MOUNTED_KEYS")"
   fi
+}
 
-  # The user's UID/GID may have been remapped by step 10; ask the passwd database.
-  home=$(getent passwd "$NB_USER" | cut -d: -f6)
-  uid=$(id -u "$NB_USER"); gid=$(id -g "$NB_USER")
-  ak=$home/.ssh/authorized_keys
-
-  # sshd writes host keys to /etc/ssh and reads keys from the home: neither on --read-only.
-  if [ "$requested" != 0 ] && [ "${ROOT_READONLY:-0}" = 1 ] && { [ "${#_SSH_NEW[@]}" -gt 0 ] || [ -s "$ak" ]; }; then
-    log_error "SSH cannot start on a read-only root filesystem (--read-only): sshd needs to write its host keys and $ak. Fix: drop --read-only, or start without PUBLIC_KEY/PUBLIC_KEY_FILE (or -e SSHD_ENABLED=0) and use docker exec"
-    exit 64
-  fi
-  [ "${#_SSH_NEW[@]}" -eq 0 ] || install -d -m 700 -o "$uid" -g "$gid" "$home/.ssh"
-
-  # Keys already there (persisted home, or a restart) count and are not added again.
+# _ssh_merge_keys AK UID GID: appends the queued keys AK does not hold yet and sets _SSH_HAVE
+# to the number of keys it then holds. Keys already there (persisted home, or a restart)
+# count and are not added again.
+_ssh_merge_keys() {
+  local ak=$1 uid=$2 gid=$3 line fp existing=" " queued=()
+  _SSH_HAVE=0
   if [ -f "$ak" ]; then
-    local existing=" "
     while IFS= read -r line || [ -n "$line" ]; do
       [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
       fp=$(_ssh_fingerprint "$line") || continue
       existing+="$fp "
-      have=$((have + 1))
+      _SSH_HAVE=$((_SSH_HAVE + 1))
     done <"$ak"
-    local queued=("${_SSH_NEW[@]}")
+    queued=("${_SSH_NEW[@]}")
     _SSH_NEW=()
     for line in "${queued[@]}"; do
       fp=$(_ssh_fingerprint "$line")
@@ -152,12 +138,40 @@ _ssh_main() {
   if [ -w "$ak" ]; then
     chown "$uid:$gid" "$ak" && chmod 600 "$ak"
   fi
-  have=$((have + ${#_SSH_NEW[@]}))
+  _SSH_HAVE=$((_SSH_HAVE + ${#_SSH_NEW[@]}))
+}
+
+_ssh_main() {
+  local requested=${SSHD_ENABLED:-} home uid gid ak
+
+  if [ "$(id -u)" != 0 ]; then
+    SSHD_ENABLED=0
+    if [ -n "${PUBLIC_KEY:-}${PUBLIC_KEY_FILE:-}" ]; then
+      log_warn "SSH is off: sshd needs the container to start as root (the entrypoint drops to the user itself). Remove --user to use PUBLIC_KEY/PUBLIC_KEY_FILE."
+    fi
+    return 0
+  fi
+
+  _ssh_collect_keys
+
+  # The user's UID/GID may have been remapped by step 10; ask the passwd database.
+  home=$(getent passwd "$NB_USER" | cut -d: -f6)
+  uid=$(id -u "$NB_USER"); gid=$(id -g "$NB_USER")
+  ak=$home/.ssh/authorized_keys
+
+  # sshd writes host keys to /etc/ssh and reads keys from the home: neither on --read-only.
+  if [ "$requested" != 0 ] && [ "${ROOT_READONLY:-0}" = 1 ] && { [ "${#_SSH_NEW[@]}" -gt 0 ] || [ -s "$ak" ]; }; then
+    log_error "SSH cannot start on a read-only root filesystem (--read-only): sshd needs to write its host keys and $ak. Fix: drop --read-only, or start without PUBLIC_KEY/PUBLIC_KEY_FILE (or -e SSHD_ENABLED=0) and use docker exec"
+    exit 64
+  fi
+  [ "${#_SSH_NEW[@]}" -eq 0 ] || install -d -m 700 -o "$uid" -g "$gid" "$home/.ssh"
+
+  _ssh_merge_keys "$ak" "$uid" "$gid"
 
   if [ "$requested" = 0 ]; then
     SSHD_ENABLED=0
     log_info "SSH is off (SSHD_ENABLED=0)."
-  elif [ "$have" -eq 0 ]; then
+  elif [ "$_SSH_HAVE" -eq 0 ]; then
     SSHD_ENABLED=0
     log_info "SSH is off: no public key given. To enable it, start the container with $_SSH_HOW -p 2222:22"
   else
@@ -167,13 +181,13 @@ _ssh_main() {
     install -d -m 755 -o root -g root /run/sshd
     local check
     check=$(/usr/sbin/sshd -t 2>&1) || { log_error "sshd -t failed: $check"; exit 1; }
-    log_info "SSH: $have authorized key(s) for $NB_USER; sshd will listen on port 22"
+    log_info "SSH: $_SSH_HAVE authorized key(s) for $NB_USER; sshd will listen on port 22"
   fi
 }
 
-if [ $# -gt 0 ]; then
-  # `docker run IMAGE <command>` runs that command, not sshd (a sourced step sees the
-  # entrypoint's arguments): no host keys to make, nothing to say unless a key was given.
+if [ "$START_SERVICES" = 0 ]; then
+  # `docker run IMAGE <command>` runs that command, not sshd: no host keys to make, nothing to
+  # say unless a key was given.
   SSHD_ENABLED=0
   if [ -n "${PUBLIC_KEY:-}${PUBLIC_KEY_FILE:-}" ]; then
     log_info "SSH: not started, because a command was given (sshd runs only when the container starts without one)."
@@ -184,5 +198,6 @@ fi
 export SSHD_ENABLED
 # The key has been installed; later steps, Jupyter and user commands do not need to see it.
 unset PUBLIC_KEY
-unset -f _ssh_die _ssh_die_hostdir _ssh_fingerprint _ssh_add _ssh_host_keys _ssh_main
-unset _SSH_MOUNTED_KEYS _SSH_HOW _SSH_NEW _SSH_FPS
+unset -f _ssh_die _ssh_die_hostdir _ssh_fingerprint _ssh_add _ssh_host_keys _ssh_main \
+  _ssh_collect_keys _ssh_merge_keys
+unset _SSH_MOUNTED_KEYS _SSH_HOW _SSH_NEW _SSH_FPS _SSH_HAVE

@@ -1,18 +1,15 @@
 # shellcheck shell=bash
-# Setup step (sourced): JupyterLab's auth and settings, written to a config file only $NB_USER
-# can read, so the token is never in argv (`ps`) nor in the environment kernels inherit.
+# Setup step (sourced): check JupyterLab's port and auth settings (refusing what cannot work,
+# with the fix) and put the token and password hash in files only $NB_USER can read, in
+# TEAM_JUPYTER_DIR. /etc/jupyter/jupyter_server_config.py reads them when Jupyter starts, so the
+# token is never in argv (`ps`) nor in the environment kernels inherit.
 
 # `docker run IMAGE <command>` starts no Jupyter: nothing to configure (and nothing to refuse).
-# A sourced file sees the entrypoint's arguments.
-[ $# -eq 0 ] || return 0
+[ "$START_SERVICES" = 1 ] || return 0
 
-_jupyter_step() {
-  local port=${JUPYTER_PORT:-8888} token="" hash="" kind dir=/run/team/jupyter owner
-  # The config dir is 0700 and its files 0600, owned by the user Jupyter runs as.
-  owner=$(id -u "$NB_USER"):$(id -g "$NB_USER")
-  [ "$(id -u)" = 0 ] || { dir=${TMPDIR:-/tmp}/team-jupyter-$(id -u); owner=$(id -u):$(id -g); }
-  # --read-only: /run is part of the read-only root; /tmp is the tmpfs the user must add.
-  [ "${ROOT_READONLY:-0}" = 0 ] || dir=${TMPDIR:-/tmp}/team-jupyter-$(id -u "$NB_USER")
+# _jupyter_check_port PORT: a number from 1 to 65535, and not sshd's port while SSH is on.
+_jupyter_check_port() {
+  local port=$1
   case "$port" in
     ''|*[!0-9]*) log_error "JUPYTER_PORT='$port' is not a port number. Fix: -e JUPYTER_PORT=8888"; exit 64 ;;
   esac
@@ -23,6 +20,45 @@ _jupyter_step() {
     log_error "JUPYTER_PORT=22 is sshd's port (SSH is on). Fix: -e JUPYTER_PORT=8888 (publish it with -p HOSTPORT:8888), or -e SSHD_ENABLED=0"
     exit 64
   fi
+}
+
+# _jupyter_check_hash HASH: a password hash some password can match. A hash that is not one
+# would start Jupyter "ready" and answer every login with HTTP 500: parse it the way Jupyter
+# will (argon2's own parser; sha1:salt:40 hex digits), in jupyter-hash-check.
+_jupyter_check_hash() {
+  local hash=$1 how="docker run --rm -it IMAGE python -c 'from jupyter_server.auth import passwd; print(passwd())'"
+  case "$hash" in
+    argon2:*|sha1:*) ;;
+    *) log_error "JUPYTER_PASSWORD_HASH must be a hash ('argon2:...' or 'sha1:...'), not a password. Fix: $how"
+       exit 64 ;;
+  esac
+  if ! JH="$hash" python3 -I /usr/local/lib/team/jupyter-hash-check 2>/dev/null; then
+    log_error "JUPYTER_PASSWORD_HASH is not a valid ${hash%%:*} hash (cut short or mangled by shell quoting?), so no password would ever log in. Fix: make a new one with $how and pass it in single quotes (-e 'JUPYTER_PASSWORD_HASH=argon2:...')"
+    exit 64
+  fi
+}
+
+# _jupyter_check_token_file FILE: a readable file (docker run -v makes a directory when the
+# host path does not exist).
+_jupyter_check_token_file() {
+  if [ -d "$1" ]; then
+    log_error "JUPYTER_TOKEN_FILE=$1 is a directory, not a file (docker run -v makes one when the host path does not exist). Fix: point it at the token file itself, e.g. -v \$PWD/token:/run/secrets/jupyter_token:ro -e JUPYTER_TOKEN_FILE=/run/secrets/jupyter_token"
+    exit 64
+  fi
+  if [ ! -f "$1" ] || [ ! -r "$1" ]; then
+    log_error "JUPYTER_TOKEN_FILE=$1 cannot be read. Fix: mount it, e.g. -v \$PWD/token:/run/secrets/jupyter_token:ro"
+    exit 64
+  fi
+}
+
+_jupyter_step() {
+  local port=${JUPYTER_PORT:-8888} token="" hash="" kind dir=/run/team/jupyter owner
+  # The secrets' dir is 0700 and its files 0600, owned by the user Jupyter runs as.
+  owner=$(id -u "$NB_USER"):$(id -g "$NB_USER")
+  [ "$(id -u)" = 0 ] || { dir=${TMPDIR:-/tmp}/team-jupyter-$(id -u); owner=$(id -u):$(id -g); }
+  # --read-only: /run is part of the read-only root; /tmp is the tmpfs the user must add.
+  [ "${ROOT_READONLY:-0}" = 0 ] || dir=${TMPDIR:-/tmp}/team-jupyter-$(id -u "$NB_USER")
+  _jupyter_check_port "$port"
 
   local given=0
   [ -z "${JUPYTER_TOKEN+set}" ] || given=$((given + 1))
@@ -34,34 +70,10 @@ _jupyter_step() {
   fi
 
   if [ -n "${JUPYTER_PASSWORD_HASH:-}" ]; then
-    local how="docker run --rm -it IMAGE python -c 'from jupyter_server.auth import passwd; print(passwd())'"
-    case "$JUPYTER_PASSWORD_HASH" in
-      argon2:*|sha1:*) hash=$JUPYTER_PASSWORD_HASH; kind=password ;;
-      *) log_error "JUPYTER_PASSWORD_HASH must be a hash ('argon2:...' or 'sha1:...'), not a password. Fix: $how"
-         exit 64 ;;
-    esac
-    # A hash that is not one would start Jupyter "ready" and answer every login with HTTP 500:
-    # parse it the way Jupyter will (argon2's own parser; sha1:salt:40 hex digits).
-    if ! JH="$hash" python3 -I -c '
-import os, re, sys
-h = os.environ["JH"]
-if h.startswith("argon2:"):
-    import argon2
-    argon2.extract_parameters(h[len("argon2:"):])
-elif not re.fullmatch(r"sha1:[0-9a-fA-F]*:[0-9a-f]{40}", h):
-    sys.exit(1)' 2>/dev/null; then
-      log_error "JUPYTER_PASSWORD_HASH is not a valid ${hash%%:*} hash (cut short or mangled by shell quoting?), so no password would ever log in. Fix: make a new one with $how and pass it in single quotes (-e 'JUPYTER_PASSWORD_HASH=argon2:...')"
-      exit 64
-    fi
+    _jupyter_check_hash "$JUPYTER_PASSWORD_HASH"
+    hash=$JUPYTER_PASSWORD_HASH; kind=password
   elif [ -n "${JUPYTER_TOKEN_FILE:-}" ]; then
-    if [ -d "$JUPYTER_TOKEN_FILE" ]; then
-      log_error "JUPYTER_TOKEN_FILE=$JUPYTER_TOKEN_FILE is a directory, not a file (docker run -v makes one when the host path does not exist). Fix: point it at the token file itself, e.g. -v \$PWD/token:/run/secrets/jupyter_token:ro -e JUPYTER_TOKEN_FILE=/run/secrets/jupyter_token"
-      exit 64
-    fi
-    if [ ! -f "$JUPYTER_TOKEN_FILE" ] || [ ! -r "$JUPYTER_TOKEN_FILE" ]; then
-      log_error "JUPYTER_TOKEN_FILE=$JUPYTER_TOKEN_FILE cannot be read. Fix: mount it, e.g. -v \$PWD/token:/run/secrets/jupyter_token:ro"
-      exit 64
-    fi
+    _jupyter_check_token_file "$JUPYTER_TOKEN_FILE"
     # First line only, without a trailing newline or CR.
     IFS= read -r token < "$JUPYTER_TOKEN_FILE" || true
     token=${token%$'\r'}; kind=token
@@ -71,8 +83,8 @@ elif not re.fullmatch(r"sha1:[0-9a-fA-F]*:[0-9a-f]{40}", h):
     kind=generated
     # Kept for this container's next start (docker restart, --restart after a crash), so open
     # browser tabs keep working; a new container gets a new token.
-    if [ -s "$dir/generated_token" ]; then
-      token=$(< "$dir/generated_token")
+    if [ -s "$dir/token" ]; then
+      token=$(< "$dir/token")
     else
       token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
     fi
@@ -88,27 +100,11 @@ elif not re.fullmatch(r"sha1:[0-9a-fA-F]*:[0-9a-f]{40}", h):
   fi
 
   install -d -m 0700 "$dir"
-  if [ "$kind" = generated ]; then (umask 077 && printf '%s\n' "$token" > "$dir/generated_token"); fi
-  (umask 077 && JT="$token" JH="$hash" JP="$port" python3 -I -S -c '
-import json, os, sys
-cfg = {
-    "ServerApp": {
-        "ip": "0.0.0.0", "port": int(os.environ["JP"]),
-        "port_retries": 0,            # a busy port is an error, not a silent move to another one
-        "open_browser": False, "allow_root": False, "root_dir": "/workspace",
-        "terminado_settings": {"shell_command": ["/bin/bash", "-l"]},
-        # jupyter_server pairs a 30 s ping with a 90 s timeout, which tornado >= 6.5 cuts to 30 s
-        # with a WARN on every websocket: ask for the 30 s it ends up with anyway.
-        "tornado_settings": {"ws_ping_timeout": 30000},
-    },
-    "IdentityProvider": {"token": os.environ["JT"]},
-    # Kernels on unix sockets (mode 700 runtime dir), not localhost TCP ports that any process
-    # in the container can reach; also ends ipykernel'"'"'s "running over TCP" WARNING per kernel.
-    "KernelManager": {"transport": "ipc"},
-}
-if os.environ["JH"]:
-    cfg["PasswordIdentityProvider"] = {"hashed_password": os.environ["JH"]}
-json.dump(cfg, open(sys.argv[1], "w"), indent=1)' "$dir/jupyter_server_config.json")
+  # What jupyter_server_config.py and the log redactor read: the token (empty for a password,
+  # or with JUPYTER_ALLOW_INSECURE=1) and the password hash, if any.
+  (umask 077 && printf '%s' "$token" > "$dir/token")
+  rm -f "$dir/password_hash"
+  if [ -n "$hash" ]; then (umask 077 && printf '%s' "$hash" > "$dir/password_hash"); fi
   chown -R "$owner" "$dir"
 
   # A token we made is shown once, in the ready line; one you chose is not repeated in the logs
@@ -119,9 +115,9 @@ json.dump(cfg, open(sys.argv[1], "w"), indent=1)' "$dir/jupyter_server_config.js
     token) url="$url?token=<your token> (from ${JUPYTER_TOKEN_FILE:-JUPYTER_TOKEN})" ;;
     password) url="$url (log in with your password)" ;;
   esac
-  export JUPYTER_PORT=$port TEAM_JUPYTER_CONFIG="$dir/jupyter_server_config.json" TEAM_JUPYTER_URL="$url"
+  export JUPYTER_PORT=$port TEAM_JUPYTER_DIR=$dir TEAM_JUPYTER_URL=$url
   # Secrets stop here: hooks, Jupyter, its kernels and terminals don't inherit them.
   unset JUPYTER_TOKEN JUPYTER_PASSWORD_HASH
 }
 _jupyter_step
-unset -f _jupyter_step
+unset -f _jupyter_step _jupyter_check_port _jupyter_check_hash _jupyter_check_token_file
