@@ -10,6 +10,7 @@ import datetime
 import difflib
 import getpass
 import importlib
+import io
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -173,10 +175,13 @@ def build_parser():
     g.add_argument("--num-workers", type=non_negative_int, default=None,
                    help="DataLoader worker processes (default: 0 for in-memory data, else"
                         " min(8, CPUs per process))")
-    g.add_argument("--decode", choices=("workers", "device"), default="workers",
-                   help="ImageFolder JPEGs: decode and augment in the DataLoader workers (PIL),"
-                        " or only read files there and decode + augment on the training device"
-                        " (nvJPEG on a GPU; for when the CPUs cannot keep up) (default: workers)")
+    g.add_argument("--decode", choices=("auto", "workers", "device"), default="auto",
+                   help="ImageFolder/tar JPEGs: decode and augment in the DataLoader workers"
+                        " (PIL), or only read files there and decode + augment on the training"
+                        " device (nvJPEG, one crop-and-resize per batch, overlapped with"
+                        " training). auto: device on a GPU with fewer than"
+                        f" {CORES_FOR_WORKER_DECODE} CPU cores per GPU when all files are"
+                        " JPEGs, else workers; the first line says which (default: auto)")
     g.add_argument("--skip-bad-images", action="store_true",
                    help="ImageFolder: skip files that cannot be read or decoded (each named once"
                         " in a warning; the count is in every epoch's summary line) instead of"
@@ -867,7 +872,8 @@ class BadImages:
 
     def __init__(self, args=None):
         self.skip = bool(args and args.skip_bad_images)
-        self.device_decode = bool(args and args.decode == "device")
+        self.device_decode = bool(args and getattr(args, "decode_used", args.decode)
+                                  == "device")
         self.count, self.warned = 0, set()
 
     def report(self, bad):
@@ -891,27 +897,184 @@ class BadImages:
         return n
 
 
+def image_transforms(image_size):
+    """The CPU path's (train, val) transforms: RandomResizedCrop + flip, Resize + CenterCrop."""
+    import torchvision.transforms.v2 as T
+    return (T.Compose([T.RandomResizedCrop(image_size, scale=RRC_SCALE, ratio=RRC_RATIO,
+                                           antialias=True),
+                       T.RandomHorizontalFlip(), T.PILToTensor()]),
+            T.Compose([T.Resize(int(image_size * 8 / 7), antialias=True),
+                       T.CenterCrop(image_size), T.PILToTensor()]))
+
+
+JPEG_SUFFIXES = (".jpg", ".jpeg")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class TarShards(Dataset):
+    """WebDataset-style tar shards read by random access: each sample is the members that share
+    a key (the file name up to its first dot), an image (KEY.jpg/.jpeg/.png...) and its class
+    index (KEY.cls, a decimal integer). The shards are indexed once at start (tar headers
+    only), then every sample is one pread() of its bytes: the same sampler, shuffling, resume
+    and decode paths as an ImageFolder. With decode 'device' a sample is its undecoded bytes
+    (like FileBytes), else a PIL image through transform (like CheckedImageFolder)."""
+
+    def __init__(self, shards, transform=None, raw=False):
+        self.transform, self.raw, self._fds = transform, raw, {}
+        self.shards = [str(s) for s in shards]
+        self.samples, labels = [], []
+        for si, shard in enumerate(self.shards):
+            members = {}
+            try:
+                with tarfile.open(shard, "r:") as tar:
+                    for m in tar:
+                        if not m.isfile():
+                            continue
+                        base = m.name.rsplit("/", 1)[-1]
+                        key, _, ext = base.partition(".")
+                        members.setdefault(m.name[:len(m.name) - len(base)] + key, {})[
+                            "." + ext.lower()] = (m.offset_data, m.size)
+                    for key, parts in members.items():
+                        img = next((e for e in IMAGE_SUFFIXES if e in parts), None)
+                        if img is None or ".cls" not in parts:
+                            continue
+                        tar.fileobj.seek(parts[".cls"][0])
+                        label = int(tar.fileobj.read(parts[".cls"][1]).decode().strip())
+                        self.samples.append((si, *parts[img], f"{shard}:{key}{img}", label))
+                        labels.append(label)
+            except (OSError, tarfile.TarError, ValueError) as e:
+                raise UsageError(f"--data: cannot index tar shard {shard} ({error_text(e)}):"
+                                 " each sample needs KEY.jpg (or .png ...) and KEY.cls (its"
+                                 " class index)") from None
+        if not self.samples:
+            raise UsageError(f"--data: no samples in {len(self.shards)} tar shard(s): each"
+                             " sample needs KEY.jpg (or .png ...) and KEY.cls (its class index)")
+        self.num_classes = max(labels) + 1
+        self.classes = [str(i) for i in range(self.num_classes)]
+        self.targets = labels
+
+    def __len__(self):
+        return len(self.samples)
+
+    def _read(self, shard, offset, size):
+        # One descriptor per shard and process (DataLoader workers each open their own);
+        # pread has no shared file position, so forked copies never disturb each other.
+        key = (os.getpid(), shard)
+        if key not in self._fds:
+            self._fds[key] = os.open(self.shards[shard], os.O_RDONLY)
+        data = os.pread(self._fds[key], size, offset)
+        if len(data) != size:
+            raise OSError(f"short read: {len(data)} of {size} bytes")
+        return data
+
+    def __getitem__(self, i):
+        shard, offset, size, name, label = self.samples[i]
+        try:
+            data = self._read(shard, offset, size)
+            if self.raw:
+                return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, name
+            from PIL import Image
+            img = Image.open(io.BytesIO(data)).convert("RGB")
+            return (self.transform(img) if self.transform else img), label
+        except Exception as e:  # noqa: BLE001 - the sample is unusable, named by the main process
+            return BadSample(name, error_text(e))
+
+
+def tar_shards(root):
+    """-> (train shards, val shards) when root holds .tar files (directly, where val*.tar are
+    the validation shards, or in train/ and val/), else None."""
+    root = pathlib.Path(root)
+    if sorted(root.glob("*.tar")):
+        tars = sorted(root.glob("*.tar"))
+        return ([t for t in tars if not t.name.startswith("val")],
+                [t for t in tars if t.name.startswith("val")])
+    if sorted((root / "train").glob("*.tar")):
+        return sorted((root / "train").glob("*.tar")), sorted((root / "val").glob("*.tar"))
+    return None
+
+
 class ImageFolderData:
+    """An ImageFolder (class subfolders; train/ and val/ if there) or tar shards, for --decode
+    workers (decoded + augmented in the DataLoader workers) or device (workers read bytes)."""
+
     def __init__(self, root, image_size, decode="workers"):
-        import torchvision.transforms.v2 as T
         root = pathlib.Path(root)
+        train_tf, val_tf = image_transforms(image_size)
+        shards = tar_shards(root)
+        if shards:
+            raw = decode == "device"
+            self.train = TarShards(shards[0], train_tf, raw)
+            self.val = TarShards(shards[1], val_tf, raw) if shards[1] else None
+            self.classes = self.train.classes
+            if self.val is not None and self.val.num_classes > len(self.classes):
+                self.classes = self.val.classes
+            self.paths = [s[3] for s in self.train.samples]
+            return
         train_dir, val_dir = (root / "train", root / "val") if (root / "train").is_dir() else (
             root, None)
-        train_tf = T.Compose([T.RandomResizedCrop(image_size, antialias=True),
-                              T.RandomHorizontalFlip(), T.PILToTensor()])
-        val_tf = T.Compose([T.Resize(int(image_size * 8 / 7), antialias=True),
-                            T.CenterCrop(image_size), T.PILToTensor()])
         try:
             self.train = CheckedImageFolder(str(train_dir), transform=train_tf)
             self.val = (CheckedImageFolder(str(val_dir), transform=val_tf)
                         if val_dir and val_dir.is_dir() else None)
         except (FileNotFoundError, OSError) as e:
             raise UsageError(f"--data {root}: no images found ({e}); an ImageFolder needs"
-                             " class subfolders holding .jpg/.png files") from None
+                             " class subfolders holding .jpg/.png files, or give a directory"
+                             " of .tar shards (KEY.jpg + KEY.cls per sample)") from None
         self.classes = self.train.classes
+        self.paths = [s[0] for s in self.train.samples]
         if decode == "device":
-            self.train = FileBytes(self.train)
-            self.val = FileBytes(self.val) if self.val is not None else None
+            self.to_bytes()
+
+    def to_bytes(self):
+        """For --decode device: the workers only read the files."""
+        if isinstance(self.train, TarShards):
+            for ds in (self.train, self.val):
+                if ds is not None:
+                    ds.raw = True
+            return
+        self.train = FileBytes(self.train)
+        self.val = FileBytes(self.val) if self.val is not None else None
+
+
+# CPU cores per GPU at which --decode auto lets the DataLoader workers decode: below it they
+# cannot keep an H200 training ResNet-50 with AMP busy (see the README's input-pipeline table:
+# one core decodes + augments about 200-250 ImageNet-like JPEGs/s, the GPU trains ~6,600/s).
+CORES_FOR_WORKER_DECODE = 48
+
+
+def nvjpeg_available(device):
+    """Whether torchvision can decode JPEGs on this device (built with nvJPEG)."""
+    if device.type != "cuda":
+        return False
+    try:
+        from torchvision.io import decode_jpeg, encode_jpeg
+        data = encode_jpeg(torch.zeros(3, 8, 8, dtype=torch.uint8))
+        decode_jpeg([data], device=device)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means: decode on the CPU
+        return False
+
+
+def pick_decode(args, device, paths, local_world=1):
+    """--decode auto -> ('workers' or 'device', why)."""
+    if args.decode != "auto":
+        return args.decode, "as asked"
+    cores = max(1, (os.cpu_count() or 1) // max(1, local_world))
+    if device.type != "cuda":
+        return "workers", f"no GPU: the {cores} CPU core(s) decode"
+    others = sum(1 for p in paths if not p.lower().endswith(JPEG_SUFFIXES))
+    if others:
+        return "workers", (f"{others} of {len(paths)} images are not JPEGs (the GPU decodes"
+                           " JPEG only)")
+    if cores >= CORES_FOR_WORKER_DECODE:
+        return "workers", (f"{cores} CPU cores per GPU decode fast enough (>="
+                           f" {CORES_FOR_WORKER_DECODE}); the GPU keeps all its time for"
+                           " the model")
+    if not nvjpeg_available(device):
+        return "workers", "this torchvision cannot decode JPEGs on the GPU (no nvJPEG)"
+    return "device", (f"{cores} CPU cores per GPU cannot decode as fast as the GPU trains"
+                      f" (workers need about {CORES_FOR_WORKER_DECODE}): nvJPEG + crop on the"
+                      " GPU, overlapped with training")
 
 
 def decode_jpegs(datas, paths, device):
@@ -932,10 +1095,105 @@ def decode_jpegs(datas, paths, device):
     return imgs, keep, bad
 
 
-def decode_on_device(packed, train, image_size, device, bad_images=None):
-    """--decode device: JPEG decode on the device (nvJPEG on a GPU, batched), then a random
-    resized crop + flip (train) or a centre crop (val), each image resized to image_size.
-    -> (images, indices of the batch's samples they are): unreadable files go to bad_images."""
+# torchvision's RandomResizedCrop defaults: 8-100% of the area, aspect 3/4-4/3.
+RRC_SCALE, RRC_RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
+
+
+def random_crop_boxes(sizes, gen, scale=RRC_SCALE, ratio=RRC_RATIO, tries=10):
+    """RandomResizedCrop.get_params for a whole batch at once -> (N, 4) float64 boxes
+    (x1, y1, x2, y2) in pixels. sizes: (N, 2) heights and widths. The same distribution as
+    torchvision's loop: up to `tries` (area, aspect) draws, the first that fits wins, else its
+    centre-crop fallback; drawing all tries at once and taking the first fit is equivalent."""
+    sizes = torch.as_tensor(sizes, dtype=torch.float64).reshape(-1, 2)
+    h, w = sizes[:, :1], sizes[:, 1:]
+    n = len(sizes)
+    area = h * w * torch.empty(n, tries, dtype=torch.float64).uniform_(*scale, generator=gen)
+    aspect = torch.exp(torch.empty(n, tries, dtype=torch.float64).uniform_(
+        math.log(ratio[0]), math.log(ratio[1]), generator=gen))
+    cw, ch = torch.round(torch.sqrt(area * aspect)), torch.round(torch.sqrt(area / aspect))
+    fits = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
+    first = fits.to(torch.uint8).argmax(1, keepdim=True)
+    found = fits.any(1)
+    cw, ch = cw.gather(1, first)[:, 0], ch.gather(1, first)[:, 0]
+    h, w = h[:, 0], w[:, 0]
+    # torchvision's fallback: the whole image, cut to the nearest allowed aspect, centred.
+    in_ratio = w / h
+    fw = torch.where(in_ratio > ratio[1], torch.round(h * ratio[1]), w)
+    fh = torch.where(in_ratio < ratio[0], torch.round(w / ratio[0]), h)
+    cw, ch = torch.where(found, cw, fw), torch.where(found, ch, fh)
+    u = torch.rand(n, 2, dtype=torch.float64, generator=gen)
+    top = torch.where(found, torch.floor(u[:, 0] * (h - ch + 1)), torch.round((h - ch) / 2))
+    left = torch.where(found, torch.floor(u[:, 1] * (w - cw + 1)), torch.round((w - cw) / 2))
+    return torch.stack([left, top, left + cw, top + ch], 1)
+
+
+def centre_crop_boxes(sizes):
+    """The validation crop: the field of view of Resize(size * 8/7) + CenterCrop(size)."""
+    sizes = torch.as_tensor(sizes, dtype=torch.float64).reshape(-1, 2)
+    h, w = sizes[:, 0], sizes[:, 1]
+    side = torch.round(torch.minimum(h, w) * 7 / 8)
+    top, left = torch.floor((h - side) / 2), torch.floor((w - side) / 2)
+    return torch.stack([left, top, left + side, top + side], 1)
+
+
+# Elements of one padded group of images in crop_resize: bounds the memory a batch with a few
+# huge photos takes (a 4000x3000 image padded into every slot would need 12 GB for 256).
+PAD_GROUP_ELEMS = 3 * 2 ** 26
+
+
+def crop_resize(imgs, boxes, size, dtype=None):
+    """Crop boxes[i] of each CHW uint8 image imgs[i] (any sizes) and resize it to size x size:
+    one torchvision.ops.roi_align per group of similar sizes instead of a crop + interpolate
+    per image. roi_align with aligned=True samples each output pixel's bin on a grid of
+    ceil(bin) x ceil(bin) points and averages them: an area filter when shrinking (the
+    antialiasing of resize(antialias=True)), plain bilinear when enlarging. -> (N, 3, size,
+    size) of dtype (float16 on a GPU: exact for 0..255, half the traffic; float32 on CPU)."""
+    from torchvision.ops import roi_align
+    device = imgs[0].device
+    dtype = dtype or (torch.float16 if device.type == "cuda" else torch.float32)
+    hw = [tuple(im.shape[-2:]) for im in imgs]
+    order = sorted(range(len(imgs)), key=lambda i: hw[i][0] * hw[i][1])
+    groups, cur, ch, cw = [], [], 0, 0
+    for i in order:
+        h, w = hw[i]
+        nh, nw = max(ch, h + 1), max(cw, w + 1)
+        if cur and (len(cur) + 1) * 3 * nh * nw > PAD_GROUP_ELEMS:
+            groups.append((cur, ch, cw))
+            cur, nh, nw = [], h + 1, w + 1
+        cur.append(i)
+        ch, cw = nh, nw
+    groups.append((cur, ch, cw))
+    boxes = torch.as_tensor(boxes, dtype=torch.float32)
+    out = torch.empty(len(imgs), 3, size, size, dtype=dtype, device=device)
+    for idx, gh, gw in groups:
+        # Unused padding stays uninitialised: the samples never reach it. One replicated row and
+        # column past each image's edge: a bilinear sample in its last pixel reads one beyond.
+        pad = torch.empty(len(idx), 3, gh, gw, dtype=torch.uint8, device=device)
+        for j, i in enumerate(idx):
+            h, w = hw[i]
+            pad[j, :, :h, :w] = imgs[i]
+            pad[j, :, :h, w] = imgs[i][:, :, w - 1]
+            pad[j, :, h, :w + 1] = pad[j, :, h - 1, :w + 1]
+        rois = torch.cat([torch.arange(len(idx), dtype=torch.float32)[:, None], boxes[idx]], 1)
+        res = roi_align(pad.to(dtype), rois.to(device, dtype, non_blocking=True), (size, size),
+                        spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        if len(groups) == 1:
+            out = res.index_select(0, torch.as_tensor(
+                sorted(range(len(idx)), key=idx.__getitem__), device=device))
+        else:
+            out[torch.as_tensor(idx, device=device)] = res
+    return out
+
+
+def batch_generator(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def decode_on_device(packed, train, image_size, device, bad_images=None, gen=None):
+    """--decode device: JPEG decode on the device (nvJPEG on a GPU, one batched call), then a
+    random resized crop + flip (train) or a centre crop (val) of the whole batch at once.
+    -> (images 0..255 as float16 on a GPU / float32 on CPU, indices of the batch's samples
+    they are): unreadable files go to bad_images. gen: the torch.Generator of the crops."""
     flat, lengths, paths, unread = packed
     datas = list(torch.split(flat, lengths.tolist()))
     imgs, keep, bad = decode_jpegs(datas, paths, device)
@@ -943,33 +1201,89 @@ def decode_on_device(packed, train, image_size, device, bad_images=None):
     if not imgs:
         raise BadImageError(f"no image of a batch of {len(unread) + len(bad)} could be read"
                             f" (the first: {(unread + bad)[0][0]}): check the data set")
-    out = []
-    for img in imgs:
-        h, w = img.shape[-2:]
-        if train:
-            # torchvision's RandomResizedCrop parameters: 8-100% of the area, aspect 3/4-4/3.
-            for _ in range(10):
-                area = h * w * random.uniform(0.08, 1.0)
-                aspect = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
-                cw, ch = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
-                if 0 < cw <= w and 0 < ch <= h:
-                    break
-            else:
-                ch = cw = min(h, w)
-            top, left = random.randint(0, h - ch), random.randint(0, w - cw)
-            crop = img[:, top:top + ch, left:left + cw]
-            if random.random() < 0.5:
-                crop = crop.flip(-1)
-        else:
-            side = round(min(h, w) * 7 / 8)  # the same field of view as Resize(8/7) + CenterCrop
-            top, left = (h - side) // 2, (w - side) // 2
-            crop = img[:, top:top + side, left:left + side]
-        out.append(F.interpolate(crop[None].float(), size=(image_size, image_size),
-                                 mode="bilinear", antialias=True, align_corners=False))
-    return torch.cat(out), keep
+    sizes = [im.shape[-2:] for im in imgs]
+    if train:
+        gen = gen or batch_generator(random.getrandbits(62))
+        boxes = random_crop_boxes(sizes, gen)
+        flip = torch.rand(len(imgs), generator=gen) < 0.5
+    else:
+        boxes = centre_crop_boxes(sizes)
+    x = crop_resize(imgs, boxes, image_size)
+    if train:
+        # Flip by index: one select over the batch, not a flip kernel per image.
+        mask = flip.view(-1, 1, 1, 1).pin_memory() if device.type == "cuda" else flip.view(-1, 1, 1, 1)
+        x = torch.where(mask.to(device, non_blocking=True), x.flip(-1), x)
+    return x, keep
 
 
-def load_data(args):
+def normalise(x, device, channels_last):
+    """uint8-range images -> (x / 255 - mean) / std as float32, in the model's memory format:
+    one fused kernel (addcmul into a tensor that already has the layout)."""
+    mean, std = _norm_on(device)
+    if device not in _NORM_AFFINE:
+        _NORM_AFFINE[device] = (-mean / std, 1 / (255 * std))
+    shift, scale = _NORM_AFFINE[device]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty(x.shape, dtype=torch.float32, device=device, memory_format=fmt)
+    return torch.addcmul(shift, x, scale, out=out)
+
+
+_NORM_AFFINE = {}
+
+
+class DeviceBatches:
+    """The training (or validation) batches of a --decode device loader, decoded, augmented and
+    normalised on the GPU: batch N+1 is prepared on a side CUDA stream while batch N trains,
+    so decode and crop overlap the model and the loop never waits for the host. The crops of
+    batch k come from a generator seeded with (seed, k): the same whatever the prefetch
+    depth, and a resumed epoch (start=k) draws what the uninterrupted one drew."""
+
+    def __init__(self, loader, image_size, device, channels_last, train, bad_images, seed=0,
+                 start=0):
+        self.loader, self.image_size, self.device = loader, image_size, device
+        self.channels_last, self.train, self.bad_images = channels_last, train, bad_images
+        self.seed, self.start = seed, start
+
+    def prepare(self, k, x, y):
+        gen = batch_generator(self.seed * 1_000_003 + k) if self.train else None
+        x, keep = decode_on_device(x, self.train, self.image_size, self.device,
+                                   self.bad_images, gen)
+        y = y[list(keep)] if len(keep) != len(y) else y
+        return normalise(x, self.device, self.channels_last), y.to(self.device, non_blocking=True)
+
+    def __iter__(self):
+        if self.device.type != "cuda":
+            for k, (x, y) in enumerate(self.loader, self.start):
+                yield self.prepare(k, x, y)
+            return
+        main = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+
+        def launch(k, batch):
+            with torch.cuda.stream(side):
+                x, y = self.prepare(k, *batch)
+            done = torch.cuda.Event()
+            done.record(side)
+            return x, y, done
+
+        def ready(x, y, done):
+            main.wait_event(done)  # the GPU waits, not the host
+            # Allocated on the side stream, used on the main one: not reusable before that.
+            x.record_stream(main)
+            y.record_stream(main)
+            return x, y
+
+        pending = None
+        for k, batch in enumerate(self.loader, self.start):
+            nxt = launch(k, batch)
+            if pending is not None:
+                yield ready(*pending)
+            pending = nxt
+        if pending is not None:
+            yield ready(*pending)
+
+
+def load_data(args, device=None, d=None):
     """-> (train_set, val_set or None, num_classes, kind) with kind 'lowres' or 'images'."""
     if args.data == "digits":
         train, val = digits_split()
@@ -980,9 +1294,15 @@ def load_data(args):
     if not os.path.isdir(args.data):
         raise UsageError(f"--data {args.data}: no such directory: give an ImageFolder path,"
                          " or 'synthetic' or 'digits'")
-    folder = ImageFolderData(args.data, args.image_size, args.decode)
+    device = device or torch.device("cpu")
+    folder = ImageFolderData(args.data, args.image_size, "workers")
+    args.decode_used, why = pick_decode(args, device, folder.paths, d.local_world if d else 1)
+    if args.decode == "auto" and (d is None or d.main):
+        print(f"--decode auto: {args.decode_used} ({why})", flush=True)
+    if args.decode_used == "device":
+        folder.to_bytes()
     return (folder.train, folder.val, len(folder.classes),
-            "bytes" if args.decode == "device" else "images")
+            "bytes" if args.decode_used == "device" else "images")
 
 
 def to_device(x, y, kind, image_size, device, channels_last, train=True, bad_images=None):
@@ -995,21 +1315,20 @@ def to_device(x, y, kind, image_size, device, channels_last, train=True, bad_ima
             raise BadImageError(f"no image of a batch of {len(bad)} could be read (the first:"
                                 f" {bad[0][0]}): check the data set")
     if kind == "bytes":
-        mean, std = _norm_on(device)
         x, keep = decode_on_device(x, train, image_size, device, bad_images)
         y = y[list(keep)] if len(keep) != len(y) else y
-        x = (x.div_(255) - mean) / std
+        return normalise(x, device, channels_last), y.to(device, non_blocking=True)
+    if kind == "ready":  # DeviceBatches: already decoded, normalised and on the device
+        return x, y
     y = y.to(device, non_blocking=True)
-    if kind != "bytes":
-        x = x.to(device, non_blocking=True)
+    x = x.to(device, non_blocking=True)
     if kind == "lowres":
         x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
         if x.shape[1] == 1:
             x = x.expand(-1, 3, -1, -1)
         x = (x - 0.5) / 0.25
     elif kind == "images":
-        mean, std = _norm_on(device)
-        x = (x.float().div_(255) - mean) / std
+        return normalise(x, device, channels_last), y
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     else:
@@ -1376,6 +1695,9 @@ def evaluate(net, loader, kind, args, device, amp_dtype, channels_last, d, bad_i
     not overlap)."""
     net.eval()
     tot = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, correct, count, skipped
+    if kind == "bytes":
+        loader, kind = DeviceBatches(loader, args.image_size, device, channels_last, False,
+                                     bad_images), "ready"
     for x, y in loader:
         x, y = to_device(x, y, kind, args.image_size, device, channels_last, train=False,
                          bad_images=bad_images)
@@ -1416,7 +1738,7 @@ def train(args, d, device, stop, label=None):
     amp_dtype = resolve_amp(args.amp, device)
     configure_backends(args, device)
     set_seed(args.seed)
-    train_set, val_set, num_classes, kind = load_data(args)
+    train_set, val_set, num_classes, kind = load_data(args, device, d)
     if len(train_set) < args.batch_size * d.world:
         raise UsageError(f"--batch-size {args.batch_size} x {d.world} process(es) is more than"
                          f" the {len(train_set)} training images: use a smaller --batch-size")
@@ -1541,13 +1863,18 @@ def train(args, d, device, stop, label=None):
         # Images/s leaves out the first steps of a run (cudnn autotuning, compilation).
         skip = min(5, max(0, n_steps - first - 1) // 2)
         t_measure, measured = None, 0
-        for i, (x, y) in enumerate(loader):
+        batches, batch_kind = loader, kind
+        if kind == "bytes":
+            batches, batch_kind = DeviceBatches(loader, args.image_size, device, channels_last,
+                                                True, bad_images, args.seed * 1000 + epoch,
+                                                first), "ready"
+        for i, (x, y) in enumerate(batches):
             if step >= n_steps:
                 break
             if i == skip:
                 sync(device)
                 t_measure = time.perf_counter()
-            x, y = to_device(x, y, kind, args.image_size, device, channels_last,
+            x, y = to_device(x, y, batch_kind, args.image_size, device, channels_last,
                              bad_images=bad_images)
             loss, logits = train_step(model, x, y, optimizer, scaler, amp_dtype,
                                       args.grad_clip, device.type)
