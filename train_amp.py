@@ -1175,14 +1175,22 @@ def crop_resize(imgs, boxes, size, dtype=None):
             pad[j, :, :h, w] = imgs[i][:, :, w - 1]
             pad[j, :, h, :w + 1] = pad[j, :, h - 1, :w + 1]
         rois = torch.cat([torch.arange(len(idx), dtype=torch.float32)[:, None], boxes[idx]], 1)
-        res = roi_align(pad.to(dtype), rois.to(device, dtype, non_blocking=True), (size, size),
+        res = roi_align(pad.to(dtype), to_dev(rois.to(dtype), device), (size, size),
                         spatial_scale=1.0, sampling_ratio=-1, aligned=True)
         if len(groups) == 1:
-            out = res.index_select(0, torch.as_tensor(
-                sorted(range(len(idx)), key=idx.__getitem__), device=device))
+            out = res.index_select(0, to_dev(torch.as_tensor(
+                sorted(range(len(idx)), key=idx.__getitem__)), device))
         else:
-            out[torch.as_tensor(idx, device=device)] = res
+            out[to_dev(torch.as_tensor(idx), device)] = res
     return out
+
+
+def to_dev(t, device):
+    """A small CPU tensor to the device without blocking the host: a copy from pageable memory
+    first waits for everything queued on the stream; from pinned memory it is just queued."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def batch_generator(seed):
@@ -1211,8 +1219,7 @@ def decode_on_device(packed, train, image_size, device, bad_images=None, gen=Non
     x = crop_resize(imgs, boxes, image_size)
     if train:
         # Flip by index: one select over the batch, not a flip kernel per image.
-        mask = flip.view(-1, 1, 1, 1).pin_memory() if device.type == "cuda" else flip.view(-1, 1, 1, 1)
-        x = torch.where(mask.to(device, non_blocking=True), x.flip(-1), x)
+        x = torch.where(to_dev(flip.view(-1, 1, 1, 1), device), x.flip(-1), x)
     return x, keep
 
 
@@ -1257,7 +1264,9 @@ class DeviceBatches:
                 yield self.prepare(k, x, y)
             return
         main = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
+        # High priority: the few small kernels of the next batch go ahead of the model's, so
+        # the host, which waits for them inside nvJPEG, is not held up by a whole step.
+        side = torch.cuda.Stream(self.device, priority=-1)
 
         def launch(k, batch):
             with torch.cuda.stream(side):

@@ -11,6 +11,7 @@ so they are in the page cache (the report says so and how big the set is): the f
 the warm-cache rate of a data set that fits in RAM, the case where the CPU or GPU, not the
 disk, sets the pace. --device cpu with a tiny model is the CI smoke test of this script."""
 import argparse
+import contextlib
 import io
 import json
 import multiprocessing
@@ -106,6 +107,45 @@ def run(label, a, data, extra=()):
     return row
 
 
+def write_digits(root, side=64):
+    """scikit-learn's digits (real handwriting, bundled) as JPEGs in train/ and val/ class
+    folders, with train_amp.py's fixed digits split; upscaled to side px before encoding."""
+    from PIL import Image
+    train, val = train_amp.digits_split()
+    for split, ds in (("train", train), ("val", val)):
+        for i in range(len(ds)):
+            x, y = ds[i]
+            d = pathlib.Path(root) / split / f"digit{int(y)}"
+            d.mkdir(parents=True, exist_ok=True)
+            img = Image.fromarray((x[0].numpy() * 255).clip(0, 255).astype("uint8"))
+            img.resize((side, side), Image.BILINEAR).convert("RGB").save(
+                d / f"{i:04d}.jpg", "JPEG", quality=95)
+
+
+def digits_accuracy(a, root):
+    """Final val accuracy on the digits JPEGs per decode path and seed (eager: compiling
+    changes no accuracy, only time)."""
+    if not (root / "val").is_dir():
+        write_digits(root)
+    res = {}
+    for decode in ("workers", "device"):
+        for seed in range(a.accuracy):
+            argv = ["--data", str(root), "--model", "resnet18", "--image-size", "32",
+                    "--batch-size", "64", "--lr", "0.05", "--epochs", str(a.accuracy_epochs),
+                    "--seed", str(seed), "--decode", decode, "--compile", "off",
+                    "--checkpoint-dir", "", "--progress", "none", "--device", a.device]
+            args = train_amp.build_parser().parse_args(argv)
+            train_amp.fill_defaults(args)
+            with contextlib.redirect_stdout(io.StringIO()):
+                r = train_amp.train(args, train_amp.Dist(), a.dev,
+                                    {"flag": False, "signal": None})
+            res.setdefault(decode, []).append(r["final"]["val_acc"])
+    for decode, accs in res.items():
+        print(f"  digits JPEGs --decode {decode}: val_acc {', '.join(f'{v:.2f}' for v in accs)}"
+              f" (mean {statistics.mean(accs):.2f}%)", flush=True)
+    return res
+
+
 def profile_device_path(a, folder, batches=12):
     """Milliseconds per batch of each --decode device stage alone, the GPU synchronised after
     each: where the time goes when the device path does not keep up."""
@@ -165,6 +205,10 @@ def main():
     p.add_argument("--jpeg-dir", default="/tmp/bench_input")
     p.add_argument("--out", default="bench_input.json")
     p.add_argument("--device", default="cuda", help="cuda (default); cpu: smoke test only")
+    p.add_argument("--accuracy", type=int, default=0, metavar="SEEDS",
+                   help="also train on scikit-learn's digits written out as JPEGs, --decode"
+                        " workers vs device, this many seeds each, and print val accuracy")
+    p.add_argument("--accuracy-epochs", type=int, default=15)
     p.add_argument("--profile", action="store_true",
                    help="also time each stage of --decode device alone, per batch")
     a = p.parse_args()
@@ -208,9 +252,11 @@ def main():
         data, extra = plan[name]
         rep["rows"].append(run(name, a, data, extra))
         pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
+    if a.accuracy:
+        rep["accuracy"] = digits_accuracy(a, pathlib.Path(a.jpeg_dir) / "digits")
+        pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
     print_report(rep)
     md = pathlib.Path(a.out).with_suffix(".md")
-    import contextlib
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         print_report(rep)
@@ -239,6 +285,12 @@ def print_report(rep):
             continue
         ratio = f"{r['ips'] / syn['ips']:.2f}" if syn and r is not syn else "1.00" if syn else "n/a"
         print(f"| {data} | {decode} | {r['ips']:.0f} | {ratio} |")
+    if rep.get("profile"):
+        print("\n--decode device, each stage alone (ms per batch, median): " + ", ".join(
+            f"{k} {v:.1f}" for k, v in rep["profile"].items()))
+    for decode, accs in rep.get("accuracy", {}).items():
+        print(f"\ndigits as JPEGs, resnet18, --decode {decode}: final val_acc"
+              f" {', '.join(f'{v:.2f}%' for v in accs)}")
 
 
 if __name__ == "__main__":
