@@ -172,7 +172,7 @@ def profile_device_path(a, folder, batches=12):
         gen = train_amp.batch_generator(k)
         boxes = train_amp.random_crop_boxes([im.shape[-2:] for im in imgs], gen)
         x = train_amp.crop_resize(imgs, boxes, a.image_size)
-        x = torch.where(torch.rand(len(imgs), generator=gen).view(-1, 1, 1, 1).to(a.dev),
+        x = torch.where((torch.rand(len(imgs), generator=gen) < 0.5).view(-1, 1, 1, 1).to(a.dev),
                         x.flip(-1), x)
         sync()
         t3 = time.perf_counter()
