@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import datetime
 import difflib
+import enum
 import getpass
 import importlib
 import io
@@ -33,6 +34,24 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import torchvision
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+# Imported as a module by scripts/bench_amp.py, tests/test_train_amp.py and
+# smoke_tests/test_train_amp.py, always the same way: the folder holding this file (the
+# repository root; /usr/local/bin in the image) first on sys.path, then `import train_amp`.
+# The names they use (keep them, or change those files with them): bench_amp.py sets up with
+# build_parser/fill_defaults/check_model_name, times with benchmark and train (a Ranks and a
+# StopRequest), and its loader alone with ImageFolderData/collate_bytes; bench_input.py also
+# times the --decode device stages (decode_jpegs, random_crop_boxes, batch_generator,
+# crop_resize, normalise) and writes digits_split out as JPEGs; the tests call main in-process,
+# spy on build_model/train_step/load_checkpoint, step with make_optimizer, and compare
+# random_crop_boxes/decode_on_device/crop_resize with torchvision's CPU transforms.
+__all__ = [
+    "ImageFolderData", "Ranks", "StopRequest", "UsageError", "batch_generator", "benchmark",
+    "build_model", "build_parser", "check_model_name", "collate_bytes", "crop_resize",
+    "decode_jpegs", "decode_on_device", "device_name", "digits_split", "fill_defaults",
+    "load_checkpoint", "main", "make_optimizer", "normalise", "random_crop_boxes", "train",
+    "train_step",
+]
 
 PROG = "train_amp.py"
 CKPT_FORMAT = "train_amp/1"
@@ -466,9 +485,9 @@ def launch_env(env=None):
     return LaunchEnv()
 
 
-class Dist:
-    """Who we are in the job (see launch_env), or alone. rank 0 prints and saves; everybody
-    trains."""
+class Ranks:
+    """This process's place in the job (see launch_env), or alone: rank 0 prints and saves;
+    every rank trains. any_true/barrier are the collectives the training loop needs."""
 
     def __init__(self, env=None):
         self.env = launch_env() if env is None else env
@@ -527,6 +546,11 @@ class Dist:
         if self.enabled and dist.is_initialized():
             dist.destroy_process_group()
 
+    def print_on_main(self, *args, **kwargs):
+        """print() on rank 0 only (flushed: the logs of several processes interleave)."""
+        if self.main:
+            print(*args, **kwargs, flush=True)
+
 
 def writable_home():
     """Started without the entrypoint (pyxis, Kubernetes `command:`, `docker run --entrypoint
@@ -557,12 +581,7 @@ def writable_home():
     os.environ["HOME"] = str(fallback)
 
 
-def say(ctx, *a, **k):
-    if ctx.main:
-        print(*a, **k, flush=True)
-
-
-def pick_device(args, d):
+def pick_device(args, ranks):
     if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -570,10 +589,11 @@ def pick_device(args, d):
                          " --gpus all, or drop --device cuda")
     # srun --gpus-per-task (and other schedulers) may show each process only its own GPU.
     n = torch.cuda.device_count()
-    if d.local_rank >= n and n != 1:
-        raise UsageError(f"local rank {d.local_rank} but {n} GPUs visible: start one process"
-                         " per GPU, or show each process its own GPU (CUDA_VISIBLE_DEVICES)")
-    return torch.device("cuda", d.local_rank if d.local_rank < n else 0)
+    if ranks.local_rank >= n and n != 1:
+        raise UsageError(f"local rank {ranks.local_rank} but {n} GPUs visible: start one"
+                         " process per GPU, or show each process its own GPU"
+                         " (CUDA_VISIBLE_DEVICES)")
+    return torch.device("cuda", ranks.local_rank if ranks.local_rank < n else 0)
 
 
 def resolve_amp(mode, device):
@@ -663,10 +683,10 @@ def use_channels_last(args, device, net):
         args.channels_last == "auto" and device.type == "cuda" and is_conv_net(net))
 
 
-def wrap_model(net, args, device, d):
+def wrap_model(net, args, device, ranks):
     """DDP when distributed, then torch.compile when on: (the model to call, compiled?)."""
     model = net
-    if d.enabled:
+    if ranks.enabled:
         model = torch.nn.parallel.DistributedDataParallel(
             net, device_ids=[device.index] if device.type == "cuda" else None)
     compiled = use_compile(args, device)
@@ -722,7 +742,7 @@ def check_model_name(name):
 
 
 def build_model(name, num_classes, image_size):
-    check_model_name(name)
+    """A randomly initialised torchvision classifier (the name is checked by check_args)."""
     kwargs = {"weights": None, "num_classes": num_classes}
     if name.startswith(("vit_", "swin_v2", "maxvit")):
         kwargs["image_size"] = image_size
@@ -748,6 +768,14 @@ def is_conv_net(model):
 # ----------------------------------------------------------------------------------------
 # data: every source yields (uint8 or float CPU tensors, labels); to_device() finishes the
 # preprocessing on the device, so the CPU side stays cheap and the copy small.
+
+class SampleFormat(enum.Enum):
+    """What a data source's DataLoader yields, and so what to_device() still has to do."""
+    LOW_RES = "small float images in memory (digits, synthetic): upscaled on the device"
+    DECODED = "uint8 images decoded and augmented by the DataLoader workers (ImageFolder)"
+    JPEG_BYTES = "undecoded JPEG files (--decode device): decoded and augmented on the device"
+    ON_DEVICE = "JPEG_BYTES batches DeviceBatches already decoded, augmented and normalised"
+
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
@@ -775,9 +803,9 @@ class LowResDataset(Dataset):
 
 def digits_split():
     from sklearn.datasets import load_digits
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0  # 1797 x 1 x 8 x 8
-    y = torch.tensor(d.target, dtype=torch.int64)
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # 1797 x 1 x 8 x 8
+    y = torch.tensor(digits.target, dtype=torch.int64)
     # A fixed split (not --seed) so every run, FP32 or AMP, is scored on the same images. 40%
     # (719 images) for validation: with 20% one image is 0.28 points and two equally good
     # models often differ by more than a point by chance alone.
@@ -1333,62 +1361,64 @@ class DeviceBatches:
                     pass
 
 
-def load_data(args, device=None, d=None):
-    """-> (train_set, val_set or None, num_classes, kind) with kind 'lowres' or 'images'."""
+def load_data(args, device=None, ranks=None):
+    """-> (train_set, val_set or None, num_classes, the SampleFormat its loader yields)."""
     if args.data == "digits":
         train, val = digits_split()
-        return train, val, 10, "lowres"
+        return train, val, 10, SampleFormat.LOW_RES
     if args.data == "synthetic":
         train, val = synthetic_split(args.synthetic_size, args.num_classes or 1000, args.seed)
-        return train, val, args.num_classes or 1000, "lowres"
+        return train, val, args.num_classes or 1000, SampleFormat.LOW_RES
     if not os.path.isdir(args.data):
         raise UsageError(f"--data {args.data}: no such directory: give an ImageFolder path,"
                          " or 'synthetic' or 'digits'")
     device = device or torch.device("cpu")
     folder = ImageFolderData(args.data, args.image_size, "workers")
-    args.decode_used, why = pick_decode(args, device, folder.paths, d.local_world if d else 1)
-    if args.decode == "auto" and (d is None or d.main):
+    args.decode_used, why = pick_decode(args, device, folder.paths,
+                                        ranks.local_world if ranks else 1)
+    if args.decode == "auto" and (ranks is None or ranks.main):
         print(f"--decode auto: {args.decode_used} ({why})", flush=True)
     if args.decode_used == "device":
         folder.to_bytes()
     return (folder.train, folder.val, len(folder.classes),
-            "bytes" if args.decode_used == "device" else "images")
+            SampleFormat.JPEG_BYTES if args.decode_used == "device" else SampleFormat.DECODED)
 
 
-def default_workers(kind, local_world=1):
+def default_workers(sample_format, local_world=1):
     """DataLoader workers when --num-workers is not given: none for in-memory data; for
     decoding in the workers every core of this process's share but one (on an H200 with 16
     cores, 15 workers trained at 2,473 images/s, 8 at 1,642); for --decode device, where they
     only read files, up to 8."""
     cores = max(1, (os.cpu_count() or 2) // max(1, local_world))
-    if kind == "lowres":
+    if sample_format is SampleFormat.LOW_RES:
         return 0
-    return max(1, cores - 1) if kind == "images" else min(8, cores)
+    return max(1, cores - 1) if sample_format is SampleFormat.DECODED else min(8, cores)
 
 
-def to_device(x, y, kind, image_size, device, channels_last, train=True, bad_images=None):
+def to_device(x, y, sample_format, image_size, device, channels_last, train=True,
+              bad_images=None):
     """A loader batch -> (normalised images, labels) on the device. For ImageFolder data the
     unreadable samples are dropped (and reported to bad_images, which may stop the run)."""
-    if kind == "images":
+    if sample_format is SampleFormat.DECODED:
         x, bad = x
         (bad_images or BadImages()).report(bad)
         if x is None:
             raise BadImageError(f"no image of a batch of {len(bad)} could be read (the first:"
                                 f" {bad[0][0]}): check the data set")
-    if kind == "bytes":
+    if sample_format is SampleFormat.JPEG_BYTES:
         x, keep = decode_on_device(x, train, image_size, device, bad_images)
         y = y[list(keep)] if len(keep) != len(y) else y
         return normalise(x, device, channels_last), y.to(device, non_blocking=True)
-    if kind == "ready":  # DeviceBatches: already decoded, normalised and on the device
+    if sample_format is SampleFormat.ON_DEVICE:
         return x, y
     y = y.to(device, non_blocking=True)
     x = x.to(device, non_blocking=True)
-    if kind == "lowres":
+    if sample_format is SampleFormat.LOW_RES:
         x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
         if x.shape[1] == 1:
             x = x.expand(-1, 3, -1, -1)
         x = (x - 0.5) / 0.25
-    elif kind == "images":
+    elif sample_format is SampleFormat.DECODED:
         return normalise(x, device, channels_last), y
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
@@ -1401,8 +1431,9 @@ class ResumableSampler(DistributedSampler):
     """DistributedSampler whose epoch can start part-way: a resumed run sees exactly the
     batches the interrupted run had not reached, in the same order."""
 
-    def __init__(self, dataset, d, seed):
-        super().__init__(dataset, num_replicas=d.world, rank=d.rank, shuffle=True, seed=seed,
+    def __init__(self, dataset, ranks, seed):
+        super().__init__(dataset, num_replicas=ranks.world, rank=ranks.rank, shuffle=True,
+                         seed=seed,
                          drop_last=True)
         self.start = 0
 
@@ -1414,7 +1445,7 @@ class ResumableSampler(DistributedSampler):
 
 
 # ----------------------------------------------------------------------------------------
-# one training step, the way the article prescribes
+# one training step: autocast forward, then the GradScaler sequence
 
 def autocast(device_type, amp_dtype):
     if amp_dtype is None:
@@ -1576,14 +1607,11 @@ def checkpoint_summary(path):
             f"global step {gs}, end of epoch {epoch}")
 
 
-def check_checkpoint_dir(args, d):
+def check_checkpoint_dir(args, ranks):
     """Before any work: refuse to replace another run's last.pt by surprise, prove that the
     directory can be written (not only after the whole training), and remove a last.tmp that a
     killed save left (it can hold gigabytes). Rank 0 only: it is the only writer."""
-    if args.overwrite and args.resume:
-        raise UsageError("--overwrite starts a new run over CHECKPOINT_DIR/last.pt and --resume"
-                         " continues it: give one of them")
-    if not args.checkpoint_dir or args.benchmark or args.compare or not d.main:
+    if not args.checkpoint_dir or args.benchmark or args.compare or not ranks.main:
         return  # --benchmark and --compare write no checkpoints
     folder = pathlib.Path(args.checkpoint_dir)
     last = folder / "last.pt"
@@ -1606,8 +1634,9 @@ def check_checkpoint_dir(args, d):
     with contextlib.suppress(FileNotFoundError):
         size = stale.stat().st_size
         stale.unlink()
-        say(d, f"removed {stale} ({size / MiB:.1f} MiB): a partial checkpoint left by a save"
-               " that was interrupted (killed); last.pt was not affected")
+        ranks.print_on_main(f"removed {stale} ({size / MiB:.1f} MiB): a partial checkpoint"
+                            " left by a save that was interrupted (killed); last.pt was not"
+                            " affected")
 
 
 def weights_finite(net):
@@ -1639,13 +1668,13 @@ class LossGuard:
         torch.maximum(self.worst, self.streak, out=self.worst)
         self.value = torch.where(bad, loss.float(), self.value)
 
-    def check(self, d, global_step, net=None):
+    def check(self, ranks, global_step, net=None):
         """Raise Diverged (on every rank) if the loss stayed non-finite for self.limit steps,
         or when net is given and its weights are not all finite."""
         worst, streak, value = torch.stack([self.worst.float(), self.streak.float(),
                                             self.value.float()]).tolist()
         weights_bad = net is not None and not weights_finite(net)
-        if not d.any_true(worst >= self.limit or weights_bad):
+        if not ranks.any_true(worst >= self.limit or weights_bad):
             self.worst.copy_(self.streak)
             return
         if worst >= self.limit and streak == worst:
@@ -1706,11 +1735,11 @@ def load_checkpoint(path, config):
 class Progress:
     """tqdm bar on a TTY, else one plain line every --log-every steps; rank 0 only."""
 
-    def __init__(self, args, d, epoch, epochs, total, start):
+    def __init__(self, args, ranks, epoch, epochs, total, start):
         mode = args.progress
         if mode == "auto":
             mode = "bar" if sys.stderr.isatty() else "lines"
-        self.mode = mode if d.main else "none"
+        self.mode = mode if ranks.main else "none"
         self.epoch, self.epochs, self.total = epoch, epochs, total
         self.bar = None
         if self.mode == "bar":
@@ -1743,25 +1772,27 @@ class Progress:
 # ----------------------------------------------------------------------------------------
 # the training job
 
-def job_config(args, num_classes, d, amp_dtype):
+def job_config(args, num_classes, ranks, amp_dtype):
     return {"model": args.model, "data": args.data, "num_classes": num_classes,
-            "image_size": args.image_size, "batch_size": args.batch_size, "world_size": d.world,
+            "image_size": args.image_size, "batch_size": args.batch_size,
+            "world_size": ranks.world,
             "amp": amp_name(amp_dtype), "seed": args.seed, "lr": args.lr,
             "epochs": args.epochs, "steps": args.steps}
 
 
 @torch.no_grad()
-def evaluate(net, loader, kind, args, device, amp_dtype, channels_last, d, bad_images):
+def evaluate(net, loader, sample_format, args, device, amp_dtype, channels_last, ranks,
+             bad_images):
     """Loss, accuracy and skipped images on this rank's shard; summed over ranks (shards do
     not overlap)."""
     net.eval()
     tot = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, correct, count, skipped
-    if kind == "bytes":
-        loader, kind = DeviceBatches(loader, args.image_size, device, channels_last, False,
-                                     bad_images), "ready"
+    if sample_format is SampleFormat.JPEG_BYTES:
+        loader, sample_format = DeviceBatches(loader, args.image_size, device, channels_last,
+                                              False, bad_images), SampleFormat.ON_DEVICE
     for x, y in loader:
-        x, y = to_device(x, y, kind, args.image_size, device, channels_last, train=False,
-                         bad_images=bad_images)
+        x, y = to_device(x, y, sample_format, args.image_size, device, channels_last,
+                         train=False, bad_images=bad_images)
         with autocast(device.type, amp_dtype):
             logits = logits_of(net(x))
         tot[0] += F.cross_entropy(logits.float(), y, reduction="sum")
@@ -1769,13 +1800,17 @@ def evaluate(net, loader, kind, args, device, amp_dtype, channels_last, d, bad_i
         tot[2] += len(y)
     tot[3] = bad_images.take()
     net.train()
-    if d.enabled:
+    if ranks.enabled:
         dist.all_reduce(tot)
     loss_sum, correct, count, skipped = tot.tolist()
     return loss_sum / max(count, 1), 100.0 * correct / max(count, 1), int(skipped)
 
 
-def fold_epoch_acc(acc, run_loss, run_correct, run_seen, seconds, d, device, skipped=0):
+def empty_epoch_sums():
+    return {"loss": 0.0, "correct": 0, "seen": 0, "time": 0.0}
+
+
+def fold_epoch_sums(sums, run_loss, run_correct, run_seen, seconds, ranks, device, skipped=0):
     """Add this stretch of steps to the epoch's sums, summed over all ranks. The totals live on
     rank 0 only (others restart from zero), so a checkpoint - which rank 0 writes - holds the
     whole epoch so far and the final all-rank sum never counts a stretch twice. skipped: this
@@ -1783,239 +1818,374 @@ def fold_epoch_acc(acc, run_loss, run_correct, run_seen, seconds, d, device, ski
     part = torch.stack([run_loss.double(), run_correct.double(),
                         torch.tensor(float(run_seen), dtype=torch.float64, device=device),
                         torch.tensor(float(skipped), dtype=torch.float64, device=device)])
-    if d.enabled:
+    if ranks.enabled:
         dist.all_reduce(part)
     loss, correct, seen, skipped = part.tolist()
-    if not d.main:
+    if not ranks.main:
         return {"loss": 0.0, "correct": 0, "seen": 0, "skipped": 0,
-                "time": acc["time"] + seconds}
-    return {"loss": acc["loss"] + loss, "correct": acc["correct"] + int(correct),
-            "seen": acc["seen"] + int(seen), "skipped": acc.get("skipped", 0) + int(skipped),
-            "time": acc["time"] + seconds}
+                "time": sums["time"] + seconds}
+    return {"loss": sums["loss"] + loss, "correct": sums["correct"] + int(correct),
+            "seen": sums["seen"] + int(seen), "skipped": sums.get("skipped", 0) + int(skipped),
+            "time": sums["time"] + seconds}
 
 
-def train(args, d, device, stop, label=None):
-    """Run one training job; return its result dict (rank 0's view). Raises Stopped."""
-    amp_dtype = resolve_amp(args.amp, device)
-    configure_backends(args, device)
-    set_seed(args.seed)
-    train_set, val_set, num_classes, kind = load_data(args, device, d)
-    if len(train_set) < args.batch_size * d.world:
-        raise UsageError(f"--batch-size {args.batch_size} x {d.world} process(es) is more than"
-                         f" the {len(train_set)} training images: use a smaller --batch-size")
-    net = build_model(args.model, num_classes, args.image_size).to(device)
-    channels_last = use_channels_last(args, device, net)
-    if channels_last:
-        net = net.to(memory_format=torch.channels_last)
+class EpochMeter:
+    """This rank's running numbers within one epoch: loss and correct predictions summed on the
+    device (read only when folded into the epoch's sums: at a save and at the epoch's end), the
+    --log-every window, and the images/s clock, which leaves out the first steps (cudnn
+    autotuning, compilation)."""
 
-    sampler = ResumableSampler(train_set, d, args.seed)
-    workers = args.num_workers
-    if workers is None:
-        workers = default_workers(kind, d.local_world)
-    # Its own generator, reseeded per epoch: worker seeds then never draw from the global RNG,
-    # so a resumed run's random stream matches the uninterrupted one.
-    loader_gen = torch.Generator()
-    loader_kw = {"num_workers": workers, "pin_memory": device.type == "cuda",
-                 "persistent_workers": workers > 0, "generator": loader_gen}
-    if workers > 0:
-        loader_kw["prefetch_factor"] = 4
-    collate = {"bytes": collate_bytes, "images": collate_images}.get(kind)
-    if collate:
-        loader_kw["collate_fn"] = collate
-    bad_images = BadImages(args)
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True,
-                        **loader_kw)
-    val_loader = None
-    if val_set is not None:
-        shard = Subset(val_set, range(d.rank, len(val_set), d.world))
-        val_loader = DataLoader(shard, batch_size=args.batch_size, shuffle=False,
-                                num_workers=workers, pin_memory=device.type == "cuda",
-                                collate_fn=collate)
+    def __init__(self, device, first_step, n_steps):
+        self.device = device
+        self.untimed = min(5, max(0, n_steps - first_step - 1) // 2)
+        self.t_measure, self.measured = None, 0
+        self.restart()
+        self.t_log, self.log_steps = self.t_start, 0
+        self.last_loss = None
 
-    steps_per_epoch = len(sampler) // args.batch_size
-    total = args.steps if args.steps else steps_per_epoch * args.epochs
-    epochs = math.ceil(total / steps_per_epoch)
-    lr = args.lr if args.lr is not None else 0.1 * args.batch_size * d.world / 256
-    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total // 20)
-    optimizer = make_optimizer(net, args, lr, device, amp_dtype)
-    scheduler = make_scheduler(optimizer, warmup, total)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    def restart(self):
+        """Start a new stretch (the one so far was folded into the epoch's sums)."""
+        self.loss = torch.zeros((), device=self.device)
+        self.correct = torch.zeros((), device=self.device, dtype=torch.int64)
+        self.seen, self.t_start = 0, time.perf_counter()
 
-    config = job_config(args, num_classes, d, amp_dtype)
-    ckpt_path = pathlib.Path(args.checkpoint_dir) / "last.pt" if args.checkpoint_dir else None
-    guard = LossGuard(device, scaler, divergence_hint(args, lr, amp_dtype, ckpt_path))
-    start_epoch, start_step, global_step, history = 0, 0, 0, []
-    epoch_acc = {"loss": 0.0, "correct": 0, "seen": 0, "time": 0.0}
-    if args.resume:
-        path = ckpt_path if args.resume == "auto" else pathlib.Path(args.resume)
-        if path is None:
-            raise UsageError("--resume without a path needs --checkpoint-dir")
-        ckpt = load_checkpoint(path, config)
+    def before_batch(self, index):
+        if index == self.untimed:
+            sync(self.device)
+            self.t_measure = time.perf_counter()
+
+    def add(self, loss, logits, y):
+        self.log_steps += 1
+        if self.t_measure is not None:
+            self.measured += 1
+        self.loss += loss.float() * len(y)
+        self.correct += (logits.argmax(1) == y).sum()
+        self.seen += len(y)
+        self.last_loss = loss
+
+    def take_log_window(self, global_batch):
+        """-> (steps, images/s) since the last progress update; starts the next window."""
+        now = time.perf_counter()
+        steps, ips = self.log_steps, self.log_steps * global_batch / max(now - self.t_log, 1e-9)
+        self.t_log, self.log_steps = now, 0
+        return steps, ips
+
+    def fold_into(self, sums, ranks, skipped, t_end=None):
+        """-> sums plus this stretch (over all ranks); the next stretch starts at zero."""
+        seconds = (time.perf_counter() if t_end is None else t_end) - self.t_start
+        sums = fold_epoch_sums(sums, self.loss, self.correct, self.seen, seconds, ranks,
+                               self.device, skipped)
+        self.restart()
+        return sums
+
+    def images_per_s(self, global_batch, t_end):
+        return (self.measured * global_batch / (t_end - self.t_measure)
+                if self.t_measure is not None and self.measured else None)
+
+
+def open_tensorboard(args, ranks):
+    if not (args.tensorboard and ranks.main):
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UsageError("--tensorboard needs the tensorboard package: pip install"
+                         " tensorboard, or drop --tensorboard") from None
+    return SummaryWriter(args.tensorboard)
+
+
+class Trainer:
+    """One training job. __init__ builds the data, model and optimizer; run() resumes when
+    asked (resume), then calls run_epoch per epoch, which saves (save) at the epoch's end, every
+    --save-every steps and when a stop is requested. Every rank trains; rank 0 logs and saves."""
+
+    def __init__(self, args, ranks, device, stop, label=None):
+        self.args, self.ranks, self.device, self.stop = args, ranks, device, stop
+        self.amp_dtype = resolve_amp(args.amp, device)
+        configure_backends(args, device)
+        set_seed(args.seed)
+        self._load_data()
+        self._build_model()
+        self._make_loaders()
+        self._make_optimizer()
+        self.config = job_config(args, self.num_classes, ranks, self.amp_dtype)
+        self.ckpt_path = (pathlib.Path(args.checkpoint_dir) / "last.pt" if args.checkpoint_dir
+                          else None)
+        self.guard = LossGuard(device, self.scaler,
+                               divergence_hint(args, self.lr, self.amp_dtype, self.ckpt_path))
+        self.label = label or f"{args.model} amp={amp_name(self.amp_dtype)}"
+        # Where the job stands: the next step to run, and what the steps so far measured.
+        self.start_epoch, self.start_step, self.global_step, self.history = 0, 0, 0, []
+        self.epoch_sums = empty_epoch_sums()
+        self.model, self.compiled, self.tensorboard = None, False, None
+
+    # -- set-up
+
+    def _load_data(self):
+        args, world = self.args, self.ranks.world
+        self.train_set, self.val_set, self.num_classes, self.sample_format = load_data(args, self.device,
+                                                                               self.ranks)
+        if len(self.train_set) < args.batch_size * world:
+            raise UsageError(f"--batch-size {args.batch_size} x {world} process(es) is more"
+                             f" than the {len(self.train_set)} training images: use a smaller"
+                             " --batch-size")
+
+    def _build_model(self):
+        args, device = self.args, self.device
+        self.net = build_model(args.model, self.num_classes, args.image_size).to(device)
+        self.channels_last = use_channels_last(args, device, self.net)
+        if self.channels_last:
+            self.net = self.net.to(memory_format=torch.channels_last)
+
+    def _make_loaders(self):
+        args, ranks, device = self.args, self.ranks, self.device
+        self.sampler = ResumableSampler(self.train_set, ranks, args.seed)
+        workers = args.num_workers
+        if workers is None:
+            workers = default_workers(self.sample_format, ranks.local_world)
+        # Its own generator, reseeded per epoch: worker seeds then never draw from the global
+        # RNG, so a resumed run's random stream matches the uninterrupted one.
+        self.loader_gen = torch.Generator()
+        loader_kw = {"num_workers": workers, "pin_memory": device.type == "cuda",
+                     "persistent_workers": workers > 0, "generator": self.loader_gen}
+        if workers > 0:
+            loader_kw["prefetch_factor"] = 4
+        collate = {SampleFormat.JPEG_BYTES: collate_bytes,
+                   SampleFormat.DECODED: collate_images}.get(self.sample_format)
+        if collate:
+            loader_kw["collate_fn"] = collate
+        self.bad_images = BadImages(args)
+        self.loader = DataLoader(self.train_set, batch_size=args.batch_size,
+                                 sampler=self.sampler, drop_last=True, **loader_kw)
+        self.val_loader = None
+        if self.val_set is not None:
+            shard = Subset(self.val_set, range(ranks.rank, len(self.val_set), ranks.world))
+            self.val_loader = DataLoader(shard, batch_size=args.batch_size, shuffle=False,
+                                         num_workers=workers, pin_memory=device.type == "cuda",
+                                         collate_fn=collate)
+
+    def _make_optimizer(self):
+        args, world = self.args, self.ranks.world
+        self.steps_per_epoch = len(self.sampler) // args.batch_size
+        self.total = args.steps if args.steps else self.steps_per_epoch * args.epochs
+        self.epochs = math.ceil(self.total / self.steps_per_epoch)
+        self.global_batch = args.batch_size * world
+        self.lr = args.lr if args.lr is not None else 0.1 * self.global_batch / 256
+        warmup = (args.warmup_steps if args.warmup_steps is not None
+                  else max(1, self.total // 20))
+        self.optimizer = make_optimizer(self.net, args, self.lr, self.device, self.amp_dtype)
+        self.scheduler = make_scheduler(self.optimizer, warmup, self.total)
+        self.scaler = torch.amp.GradScaler(self.device.type,
+                                           enabled=self.amp_dtype == torch.float16)
+
+    # -- checkpoints
+
+    def resume(self):
+        """Load --resume's checkpoint: weights, optimizer, scaler, LR schedule, position, RNG.
+        -> False when it has already finished this job."""
+        args = self.args
+        path = self.ckpt_path if args.resume == "auto" else pathlib.Path(args.resume)
+        ckpt = load_checkpoint(path, self.config)
         try:
-            net.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
+            self.net.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
         except (RuntimeError, ValueError, KeyError) as e:
             raise UsageError(f"--resume: {path} does not fit this model/optimizer"
                              f" ({str(e).splitlines()[0][:120]}): resume with the flags it was"
                              " made with") from None
-        scaler.load_state_dict(ckpt["scaler"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        start_epoch, start_step = ckpt["epoch"], ckpt["step_in_epoch"]
-        global_step, history = ckpt["global_step"], list(ckpt["history"])
-        epoch_acc = dict(ckpt["epoch_acc"]) if d.main else {**ckpt["epoch_acc"], "loss": 0.0,
-                                                              "correct": 0, "seen": 0}
+        self.scaler.load_state_dict(ckpt["scaler"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.start_epoch, self.start_step = ckpt["epoch"], ckpt["step_in_epoch"]
+        self.global_step, self.history = ckpt["global_step"], list(ckpt["history"])
+        # The sums so far live on rank 0 only (see fold_epoch_sums).
+        self.epoch_sums = (dict(ckpt["epoch_acc"]) if self.ranks.main else
+                           {**ckpt["epoch_acc"], "loss": 0.0, "correct": 0, "seen": 0})
         set_rng_state(ckpt["rng"])
-        say(d, f"resumed from {path}: epoch {start_epoch + 1} step {start_step}/"
-               f"{steps_per_epoch} (global step {global_step}/{total})")
-        if global_step >= total:
-            say(d, "the checkpoint has already finished this job: nothing to do")
-            return {"config": config, "history": history, "final": history[-1] if history
-                    else {}, "already_done": True}
+        self.ranks.print_on_main(
+            f"resumed from {path}: epoch {self.start_epoch + 1} step {self.start_step}/"
+            f"{self.steps_per_epoch} (global step {self.global_step}/{self.total})")
+        if self.global_step >= self.total:
+            self.ranks.print_on_main("the checkpoint has already finished this job: nothing"
+                                     " to do")
+            return False
+        return True
 
-    model, compiled = wrap_model(net, args, device, d)
-
-    tb = None
-    if args.tensorboard and d.main:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise UsageError("--tensorboard needs the tensorboard package: pip install"
-                             " tensorboard, or drop --tensorboard") from None
-        tb = SummaryWriter(args.tensorboard)
-
-    def checkpoint(epoch, step_in_epoch):
-        guard.check(d, global_step, net if ckpt_path else None)  # never save a diverged model
-        if ckpt_path is None or not d.main:
+    def save(self, epoch, step_in_epoch):
+        """Checkpoint the job as being at (epoch, step_in_epoch). Every rank first checks the
+        loss and (when saving) the weights: a diverged model is never saved."""
+        self.guard.check(self.ranks, self.global_step, self.net if self.ckpt_path else None)
+        if self.ckpt_path is None or not self.ranks.main:
             return
-        save_checkpoint(ckpt_path, {
-            "format": CKPT_FORMAT, "config": config, "model": net.state_dict(),
-            "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-            "scheduler": scheduler.state_dict(), "epoch": epoch, "step_in_epoch": step_in_epoch,
-            "global_step": global_step, "history": history, "epoch_acc": epoch_acc,
-            "rng": rng_state(), "torch_version": str(torch.__version__)})
+        save_checkpoint(self.ckpt_path, {
+            "format": CKPT_FORMAT, "config": self.config, "model": self.net.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "epoch": epoch,
+            "step_in_epoch": step_in_epoch, "global_step": self.global_step,
+            "history": self.history, "epoch_acc": self.epoch_sums, "rng": rng_state(),
+            "torch_version": str(torch.__version__)})
 
-    name = label or f"{args.model} amp={amp_name(amp_dtype)}"
-    say(d, f"{name}: data={args.data} ({len(train_set)} train images, {num_classes} classes,"
-           f" {args.image_size}px) device={device.type} world_size={d.world}"
-           f" batch={args.batch_size}/process amp={amp_name(amp_dtype)}"
-           f"{' (auto)' if args.amp == 'auto' else ''} grad_scaler={scaler.is_enabled()}"
-           f" channels_last={channels_last} compile={compiled}"
-           f"{' (tuned)' if compiled and tuning_on() else ''} tf32={args.tf32}"
-           f" steps/epoch={steps_per_epoch} total_steps={total} lr={lr:g}")
+    # -- training
 
-    net.train()
-    global_batch = args.batch_size * d.world
-    for epoch in range(start_epoch, epochs):
-        sampler.set_epoch(epoch)
-        sampler.start = (start_step if epoch == start_epoch else 0) * args.batch_size
-        loader_gen.manual_seed(args.seed * 1000 + epoch)
-        first = start_step if epoch == start_epoch else 0
-        if epoch != start_epoch or first == 0:
-            epoch_acc = {"loss": 0.0, "correct": 0, "seen": 0, "time": 0.0}
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        n_steps = min(steps_per_epoch, total - epoch * steps_per_epoch)
-        progress = Progress(args, d, epoch, epochs, n_steps, first)
-        run_loss = torch.zeros((), device=device)
-        run_correct = torch.zeros((), device=device, dtype=torch.int64)
-        run_seen = 0
-        t_epoch = time.perf_counter()
-        t_log, log_steps, step = t_epoch, 0, first
-        # Images/s leaves out the first steps of a run (cudnn autotuning, compilation).
-        skip = min(5, max(0, n_steps - first - 1) // 2)
-        t_measure, measured = None, 0
-        batches, batch_kind = loader, kind
-        if kind == "bytes":
-            batches, batch_kind = DeviceBatches(loader, args.image_size, device, channels_last,
-                                                True, bad_images, args.seed * 1000 + epoch,
-                                                first), "ready"
-        for i, (x, y) in enumerate(batches):
+    def run(self):
+        """Train to the end of the job -> its result (rank 0's view). Raises Stopped."""
+        if self.args.resume and not self.resume():
+            return {"config": self.config, "history": self.history,
+                    "final": self.history[-1] if self.history else {}, "already_done": True}
+        self.model, self.compiled = wrap_model(self.net, self.args, self.device, self.ranks)
+        self.tensorboard = open_tensorboard(self.args, self.ranks)
+        try:
+            self._log_start()
+            self.net.train()
+            for epoch in range(self.start_epoch, self.epochs):
+                self.run_epoch(epoch)
+        finally:
+            if self.tensorboard is not None:
+                self.tensorboard.close()
+        return {"config": self.config, "channels_last": self.channels_last,
+                "compile": self.compiled, "tf32": self.args.tf32,
+                "device": device_name(self.device), "history": self.history,
+                "final": self.history[-1]}
+
+    def run_epoch(self, epoch):
+        """Train one epoch (from the saved step when resuming into it), validate, save, log."""
+        first = self._start_epoch(epoch)
+        n_steps = min(self.steps_per_epoch, self.total - epoch * self.steps_per_epoch)
+        progress = Progress(self.args, self.ranks, epoch, self.epochs, n_steps, first)
+        meter = EpochMeter(self.device, first, n_steps)
+        step = first
+        batches, batch_format = self._epoch_batches(epoch, first)
+        for index, (x, y) in enumerate(batches):
             if step >= n_steps:
                 break
-            if i == skip:
-                sync(device)
-                t_measure = time.perf_counter()
-            x, y = to_device(x, y, batch_kind, args.image_size, device, channels_last,
-                             bad_images=bad_images)
-            loss, logits = train_step(model, x, y, optimizer, scaler, amp_dtype,
-                                      args.grad_clip, device.type)
-            guard.update(loss)
-            scheduler.step()
+            meter.before_batch(index)
+            self._train_batch(x, y, meter, batch_format)
             step += 1
-            global_step += 1
-            log_steps += 1
-            if t_measure is not None:
-                measured += 1
-            run_loss += loss.float() * len(y)
-            run_correct += (logits.argmax(1) == y).sum()
-            run_seen += len(y)
             last = step >= n_steps
-            if log_steps >= args.log_every or last:
-                # .item() waits for the GPU: only here, every --log-every steps.
-                now = time.perf_counter()
-                ips = log_steps * global_batch / max(now - t_log, 1e-9)
-                progress.update(step, log_steps, loss.item(), ips, peak_mem_gib(device))
-                if tb is not None:
-                    tb.add_scalar("train/loss", loss.item(), global_step)
-                    tb.add_scalar("train/images_per_s", ips, global_step)
-                    tb.add_scalar("train/lr", scheduler.get_last_lr()[0], global_step)
-                t_log, log_steps = now, 0
-                guard.check(d, global_step)
-            stop_now = d.any_true(stop["flag"])
-            if stop_now or (args.save_every and global_step % args.save_every == 0 and not last):
-                epoch_acc = fold_epoch_acc(epoch_acc, run_loss, run_correct, run_seen,
-                                           time.perf_counter() - t_epoch, d, device,
-                                           bad_images.take())
-                run_loss.zero_(), run_correct.zero_()
-                run_seen, t_epoch = 0, time.perf_counter()
-                checkpoint(epoch, step)
-                d.barrier()
-                if stop_now:
-                    progress.close()
-                    where = (f"checkpoint saved to {ckpt_path}; continue with --resume"
-                             if ckpt_path else "no --checkpoint-dir, nothing saved")
-                    say(d, f"stopped by {stop['signal']} at epoch {epoch + 1} step {step}/"
-                           f"{n_steps} (global step {global_step}/{total}): {where}")
-                    raise Stopped()
-        sync(device)
+            if meter.log_steps >= self.args.log_every or last:
+                self._log_progress(progress, step, meter)
+            self._save_or_stop(epoch, step, n_steps, last, meter, progress)
+        sync(self.device)
         t_end = time.perf_counter()
         progress.close()
-        epoch_acc = fold_epoch_acc(epoch_acc, run_loss, run_correct, run_seen, t_end - t_epoch,
-                                   d, device, bad_images.take())
-        rec = {"epoch": epoch + 1, "steps": step,
-               "train_loss": epoch_acc["loss"] / max(epoch_acc["seen"], 1),
-               "train_acc": 100.0 * epoch_acc["correct"] / max(epoch_acc["seen"], 1),
-               "epoch_time_s": epoch_acc["time"],
-               "images_per_s": (measured * global_batch / (t_end - t_measure)
-                                if t_measure is not None and measured else None),
-               "peak_mem_gib": peak_mem_gib(device)}
+        self.epoch_sums = meter.fold_into(self.epoch_sums, self.ranks, self.bad_images.take(),
+                                          t_end)
+        record = self._epoch_record(epoch, step, meter.images_per_s(self.global_batch, t_end))
+        self.history.append(record)
+        self.save(epoch + 1, 0)
+        self._log_epoch(record)
+
+    def _start_epoch(self, epoch):
+        """Set the epoch's data order -> its first step (the saved one when resuming into it)."""
+        first = self.start_step if epoch == self.start_epoch else 0
+        self.sampler.set_epoch(epoch)
+        self.sampler.start = first * self.args.batch_size
+        self.loader_gen.manual_seed(self.args.seed * 1000 + epoch)
+        if first == 0:
+            self.epoch_sums = empty_epoch_sums()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return first
+
+    def _epoch_batches(self, epoch, first):
+        """-> (the epoch's batches, their SampleFormat): --decode device batches come decoded,
+        augmented and normalised by DeviceBatches, a step or more ahead of training."""
+        if self.sample_format is not SampleFormat.JPEG_BYTES:
+            return self.loader, self.sample_format
+        return DeviceBatches(self.loader, self.args.image_size, self.device, self.channels_last,
+                             True, self.bad_images, self.args.seed * 1000 + epoch,
+                             first), SampleFormat.ON_DEVICE
+
+    def _train_batch(self, x, y, meter, batch_format):
+        x, y = to_device(x, y, batch_format, self.args.image_size, self.device,
+                         self.channels_last, bad_images=self.bad_images)
+        loss, logits = train_step(self.model, x, y, self.optimizer, self.scaler, self.amp_dtype,
+                                  self.args.grad_clip, self.device.type)
+        self.guard.update(loss)
+        self.scheduler.step()
+        self.global_step += 1
+        meter.add(loss, logits, y)
+
+    def _save_or_stop(self, epoch, step, n_steps, last, meter, progress):
+        """At a step boundary all ranks agree whether a stop was requested; then save when
+        stopping, or every --save-every steps (the epoch's last step is saved by its end)."""
+        stop_now = self.ranks.any_true(self.stop.requested)
+        every = self.args.save_every
+        if not (stop_now or (every and self.global_step % every == 0 and not last)):
+            return
+        self.epoch_sums = meter.fold_into(self.epoch_sums, self.ranks, self.bad_images.take())
+        self.save(epoch, step)
+        self.ranks.barrier()
+        if stop_now:
+            progress.close()
+            where = (f"checkpoint saved to {self.ckpt_path}; continue with --resume"
+                     if self.ckpt_path else "no --checkpoint-dir, nothing saved")
+            self.ranks.print_on_main(
+                f"stopped by {self.stop.signal_name} at epoch {epoch + 1} step {step}/{n_steps}"
+                f" (global step {self.global_step}/{self.total}): {where}")
+            raise Stopped()
+
+    def _epoch_record(self, epoch, steps, images_per_s):
+        sums = self.epoch_sums
+        record = {"epoch": epoch + 1, "steps": steps,
+                  "train_loss": sums["loss"] / max(sums["seen"], 1),
+                  "train_acc": 100.0 * sums["correct"] / max(sums["seen"], 1),
+                  "epoch_time_s": sums["time"], "images_per_s": images_per_s,
+                  "peak_mem_gib": peak_mem_gib(self.device)}
         val_skipped = 0
-        if val_loader is not None:
-            rec["val_loss"], rec["val_acc"], val_skipped = evaluate(
-                net, val_loader, kind, args, device, amp_dtype, channels_last, d, bad_images)
-        if args.skip_bad_images:
-            rec["skipped_images"] = epoch_acc.get("skipped", 0) + val_skipped
-        history.append(rec)
-        start_step = 0
-        checkpoint(epoch + 1, 0)
-        if tb is not None:
-            for k, v in rec.items():
-                if v is not None and k != "epoch":
-                    tb.add_scalar(f"epoch/{k}", v, epoch + 1)
-        ips = f"{rec['images_per_s']:.0f}" if rec["images_per_s"] else "n/a"
-        mem = f"{rec['peak_mem_gib']:.2f} GiB" if rec["peak_mem_gib"] is not None else "n/a (CPU)"
-        val = (f" val_loss {rec['val_loss']:.4f} val_acc {rec['val_acc']:.2f}%"
-               if "val_loss" in rec else "")
-        skipped = (f", skipped {rec['skipped_images']} unreadable image(s)"
-                   if "skipped_images" in rec else "")
-        say(d, f"epoch {epoch + 1}/{epochs}: train_loss {rec['train_loss']:.4f} train_acc"
-               f" {rec['train_acc']:.2f}%{val} | {ips} img/s, {rec['epoch_time_s']:.1f} s,"
-               f" peak mem {mem}{skipped}")
-    if tb is not None:
-        tb.close()
-    return {"config": config, "channels_last": channels_last, "compile": compiled,
-            "tf32": args.tf32, "device": device_name(device), "history": history,
-            "final": history[-1]}
+        if self.val_loader is not None:
+            record["val_loss"], record["val_acc"], val_skipped = evaluate(
+                self.net, self.val_loader, self.sample_format, self.args, self.device,
+                self.amp_dtype, self.channels_last, self.ranks, self.bad_images)
+        if self.args.skip_bad_images:
+            record["skipped_images"] = sums.get("skipped", 0) + val_skipped
+        return record
+
+    # -- output
+
+    def _log_start(self):
+        args, amp = self.args, amp_name(self.amp_dtype)
+        self.ranks.print_on_main(
+            f"{self.label}: data={args.data} ({len(self.train_set)} train images,"
+            f" {self.num_classes} classes, {args.image_size}px) device={self.device.type}"
+            f" world_size={self.ranks.world} batch={args.batch_size}/process amp={amp}"
+            f"{' (auto)' if args.amp == 'auto' else ''} grad_scaler={self.scaler.is_enabled()}"
+            f" channels_last={self.channels_last} compile={self.compiled}"
+            f"{' (tuned)' if self.compiled and tuning_on() else ''} tf32={args.tf32}"
+            f" steps/epoch={self.steps_per_epoch} total_steps={self.total} lr={self.lr:g}")
+
+    def _log_progress(self, progress, step, meter):
+        # .item() waits for the GPU: only here, every --log-every steps.
+        steps, ips = meter.take_log_window(self.global_batch)
+        loss = meter.last_loss.item()
+        progress.update(step, steps, loss, ips, peak_mem_gib(self.device))
+        if self.tensorboard is not None:
+            self.tensorboard.add_scalar("train/loss", loss, self.global_step)
+            self.tensorboard.add_scalar("train/images_per_s", ips, self.global_step)
+            self.tensorboard.add_scalar("train/lr", self.scheduler.get_last_lr()[0],
+                                        self.global_step)
+        self.guard.check(self.ranks, self.global_step)
+
+    def _log_epoch(self, record):
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if value is not None and key != "epoch":
+                    self.tensorboard.add_scalar(f"epoch/{key}", value, record["epoch"])
+        ips = f"{record['images_per_s']:.0f}" if record["images_per_s"] else "n/a"
+        mem = (f"{record['peak_mem_gib']:.2f} GiB" if record["peak_mem_gib"] is not None
+               else "n/a (CPU)")
+        val = (f" val_loss {record['val_loss']:.4f} val_acc {record['val_acc']:.2f}%"
+               if "val_loss" in record else "")
+        skipped = (f", skipped {record['skipped_images']} unreadable image(s)"
+                   if "skipped_images" in record else "")
+        self.ranks.print_on_main(
+            f"epoch {record['epoch']}/{self.epochs}: train_loss {record['train_loss']:.4f}"
+            f" train_acc {record['train_acc']:.2f}%{val} | {ips} img/s,"
+            f" {record['epoch_time_s']:.1f} s, peak mem {mem}{skipped}")
+
+
+def train(args, ranks, device, stop, label=None):
+    """Run one training job -> its result dict (rank 0's view). Raises Stopped."""
+    return Trainer(args, ranks, device, stop, label).run()
 
 
 def device_name(device):
@@ -2025,10 +2195,10 @@ def device_name(device):
 # ----------------------------------------------------------------------------------------
 # --benchmark
 
-def benchmark(args, device, d=None):
+def benchmark(args, device, ranks=None):
     """Images/s and peak memory of training steps on one synthetic batch already on the device.
     Used by --benchmark and by scripts/bench_amp.py (in-process, one config at a time)."""
-    d = d or Dist()
+    ranks = ranks or Ranks()
     amp_dtype = resolve_amp(args.amp, device)
     configure_backends(args, device)
     set_seed(args.seed)
@@ -2037,7 +2207,7 @@ def benchmark(args, device, d=None):
     channels_last = use_channels_last(args, device, net)
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
-    model, compiled = wrap_model(net, args, device, d)
+    model, compiled = wrap_model(net, args, device, ranks)
     optimizer = make_optimizer(net, args, 0.1 * args.batch_size / 256, device, amp_dtype)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
@@ -2064,8 +2234,8 @@ def benchmark(args, device, d=None):
             "amp": amp_name(amp_dtype), "tf32": args.tf32, "channels_last": channels_last,
             "compile": compiled, "compile_tuned": compiled and tuning_on(),
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
-            "device": device_name(device), "world_size": d.world,
-            "images_per_s": steps * args.batch_size * d.world / dt,
+            "device": device_name(device), "world_size": ranks.world,
+            "images_per_s": steps * args.batch_size * ranks.world / dt,
             "step_ms": 1000 * dt / steps, "warmup_s": warm_s, "measured_steps": steps,
             "peak_mem_gib": peak_mem_gib(device),
             "peak_reserved_gib": (torch.cuda.max_memory_reserved(device) / GiB
@@ -2085,7 +2255,7 @@ def fmt(v, spec):
     return "n/a" if v is None else format(v, spec)
 
 
-def compare(args, d, device, stop):
+def compare(args, ranks, device, stop):
     out = pathlib.Path(args.out)
     # Comparison runs are measurements: no checkpoints, no resume.
     common = {**vars(args), "checkpoint_dir": "", "resume": None}
@@ -2099,8 +2269,8 @@ def compare(args, d, device, stop):
     for key, a in (("fp32", fp32_args), ("amp", amp_args)):
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        runs[key] = train(a, d, device, stop, label=f"[compare {key}]")
-    if not d.main:
+        runs[key] = train(a, ranks, device, stop, label=f"[compare {key}]")
+    if not ranks.main:
         return None
     f, m = runs["fp32"]["final"], runs["amp"]["final"]
 
@@ -2128,7 +2298,7 @@ def compare(args, d, device, stop):
             f"GPU: {device_name(device)}; AMP {aname}"
             f"{' with GradScaler' if amp_dtype == torch.float16 else ' (no GradScaler needed)'}.")
     head = (f"{args.model}, --data {args.data}, {args.image_size}px, batch {args.batch_size}"
-            f" x {d.world}, {runs['amp']['history'][-1]['steps']} steps/epoch x"
+            f" x {ranks.world}, {runs['amp']['history'][-1]['steps']} steps/epoch x"
             f" {len(runs['amp']['history'])} epochs, seed {args.seed}, torch {torch.__version__}")
     md = "\n".join([f"## FP32 vs AMP: {head}", "", *table, "", note, ""])
     print(md, flush=True)
@@ -2172,76 +2342,114 @@ def plot_compare(path, rows, aname, title):
 # ----------------------------------------------------------------------------------------
 
 def fill_defaults(args):
+    """The defaults that depend on --data."""
     if args.batch_size is None:
         args.batch_size = 64 if args.data == "digits" else 256
+    if args.image_size is None:
+        args.image_size = 32 if args.data == "digits" else 224
+
+
+def check_args(args, ranks):
+    """Every check of the command line that argparse cannot make, in one place, before any
+    work: a UsageError (exit 2, one line with the fix) for anything that cannot work here.
+    Fills in the defaults that depend on --data; -> the training device."""
+    fill_defaults(args)
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1 (e.g."
                          " --batch-size 64)")
-    if args.image_size is None:
-        args.image_size = 32 if args.data == "digits" else 224
     if args.benchmark and args.compare:
         raise UsageError("--benchmark and --compare are separate modes: pick one")
+    if args.overwrite and args.resume:
+        raise UsageError("--overwrite starts a new run over CHECKPOINT_DIR/last.pt and --resume"
+                         " continues it: give one of them")
+    if args.resume == "auto" and not args.checkpoint_dir and not (args.benchmark
+                                                                  or args.compare):
+        raise UsageError("--resume without a path needs --checkpoint-dir")
+    device = pick_device(args, ranks)
+    resolve_amp(args.amp, device)  # --amp fp16 on CPU, bf16 on a GPU without it
+    if args.compile in ("on", "tuned"):
+        check_compiler(device)
+    if args.data not in ("synthetic", "digits") and not os.path.isdir(args.data):
+        raise UsageError(f"--data {args.data}: no such directory: give an ImageFolder path,"
+                         " or 'synthetic' or 'digits'")
+    check_model_name(args.model)
+    check_checkpoint_dir(args, ranks)  # last: it creates the directory
+    return device
+
+
+class StopRequest:
+    """Set by SIGTERM/SIGINT (docker stop, a scheduler's preemption, Ctrl-C). The handler only
+    sets it: the step in flight finishes, then every rank saves and exits together."""
+
+    def __init__(self):
+        self.requested, self.signal_name = False, None
+
+    def install(self, ranks):
+        main_pid = os.getpid()
+
+        def on_signal(signum, _frame):
+            name = signal.Signals(signum).name
+            if not self.requested and ranks.main and os.getpid() == main_pid:  # not workers
+                print(f"\n{name} received: stopping after this step", file=sys.stderr,
+                      flush=True)
+            self.requested, self.signal_name = True, name
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        return self
+
+
+def run_benchmark(args, ranks, device):
+    result = benchmark(args, device, ranks)
+    mem = (f"{result['peak_mem_gib']:.2f} GiB" if result["peak_mem_gib"] is not None
+           else "n/a (CPU)")
+    ranks.print_on_main(
+        f"benchmark {result['model']} batch {result['batch_size']} {result['image_size']}px"
+        f" amp={result['amp']} tf32={result['tf32']} channels_last={result['channels_last']}"
+        f" compile={result['compile']}{' (tuned)' if result['compile_tuned'] else ''} on"
+        f" {result['device']}: {result['images_per_s']:.1f} images/s,"
+        f" {result['step_ms']:.1f} ms/step, peak mem {mem}")
+    if ranks.main:
+        out = pathlib.Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "benchmark.json").write_text(json.dumps(result, indent=2))
+
+
+def run(args, ranks, stop):
+    """Check the command line, join the job, then run the mode it asks for."""
+    ranks.check()  # several scheduler tasks that cannot form one job: refuse first
+    device = check_args(args, ranks)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    ranks.print_on_main(ranks.env.describe())
+    ranks.init(device, args.dist_timeout)
+    if args.benchmark:
+        run_benchmark(args, ranks, device)
+    elif args.compare:
+        compare(args, ranks, device, stop)
+    else:
+        result = train(args, ranks, device, stop)
+        if args.metrics and ranks.main:
+            pathlib.Path(args.metrics).write_text(json.dumps(result, indent=2))
 
 
 def main(argv=None):
     writable_home()  # before anything computes a cache path from HOME or the user name
     args = build_parser().parse_args(argv)
-    d = Dist()
+    ranks = Ranks()
     if args.list_models:
         print("\n".join(classification_models()))
         return 0
-    stop = {"flag": False, "signal": None}
-    main_pid = os.getpid()
-
-    def on_signal(signum, _frame):
-        # Only set a flag: the step in flight finishes, then everybody saves and exits together.
-        if not stop["flag"] and d.main and os.getpid() == main_pid:  # not DataLoader workers
-            print(f"\n{signal.Signals(signum).name} received: stopping after this step",
-                  file=sys.stderr, flush=True)
-        stop["flag"], stop["signal"] = True, signal.Signals(signum).name
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = StopRequest().install(ranks)
     try:
-        d.check()  # several scheduler tasks that cannot form one job: refuse first
-        fill_defaults(args)
-        device = pick_device(args, d)
-        resolve_amp(args.amp, device)  # fail on --amp fp16 on CPU before any work
-        if args.compile in ("on", "tuned"):
-            check_compiler(device)
-        if args.data not in ("synthetic", "digits") and not os.path.isdir(args.data):
-            raise UsageError(f"--data {args.data}: no such directory: give an ImageFolder path,"
-                             " or 'synthetic' or 'digits'")
-        check_model_name(args.model)
-        check_checkpoint_dir(args, d)  # last: it creates the directory
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        say(d, d.env.describe())
-        d.init(device, args.dist_timeout)
-        if args.benchmark:
-            r = benchmark(args, device, d)
-            mem = f"{r['peak_mem_gib']:.2f} GiB" if r["peak_mem_gib"] is not None else "n/a (CPU)"
-            say(d, f"benchmark {r['model']} batch {r['batch_size']} {r['image_size']}px"
-                   f" amp={r['amp']} tf32={r['tf32']} channels_last={r['channels_last']}"
-                   f" compile={r['compile']}{' (tuned)' if r['compile_tuned'] else ''} on {r['device']}: {r['images_per_s']:.1f} images/s,"
-                   f" {r['step_ms']:.1f} ms/step, peak mem {mem}")
-            if d.main:
-                out = pathlib.Path(args.out)
-                out.mkdir(parents=True, exist_ok=True)
-                (out / "benchmark.json").write_text(json.dumps(r, indent=2))
-        elif args.compare:
-            compare(args, d, device, stop)
-        else:
-            result = train(args, d, device, stop)
-            if args.metrics and d.main:
-                pathlib.Path(args.metrics).write_text(json.dumps(result, indent=2))
+        run(args, ranks, stop)
         return 0
     except UsageError as e:
-        if d.main or getattr(e, "any_rank", False):
+        if ranks.main or getattr(e, "any_rank", False):
             print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except Diverged as e:  # raised on every rank
-        if d.main:
+        if ranks.main:
             print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_DIVERGED
     except SaveFailed as e:  # only rank 0 saves
@@ -2253,7 +2461,7 @@ def main(argv=None):
     except Stopped:
         return 0
     finally:
-        d.close()
+        ranks.close()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import tarfile
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
+# train_amp is imported the one documented way (see the top of train_amp.py): its folder first
+# on sys.path. It lives at the repository root, and at /usr/local/bin in the image.
 for p in (HERE.parent, pathlib.Path("/usr/local/bin")):
     if (p / "train_amp.py").is_file():
         sys.path.insert(0, str(p))
@@ -92,7 +94,7 @@ def run(label, a, data, extra=()):
         torch.cuda.empty_cache()
     row = {"label": label, "argv": argv}
     try:
-        r = train_amp.train(args, train_amp.Dist(), a.dev, {"flag": False, "signal": None},
+        r = train_amp.train(args, train_amp.Ranks(), a.dev, train_amp.StopRequest(),
                             label=f"[{label}]")
         eps = [h["steps"] * a.batch_size / h["epoch_time_s"] for h in r["history"]]
         row.update(epoch_ips=eps, ips=statistics.median(eps[1:]) if len(eps) > 1 else eps[0],
@@ -137,8 +139,8 @@ def digits_accuracy(a, root):
             args = train_amp.build_parser().parse_args(argv)
             train_amp.fill_defaults(args)
             with contextlib.redirect_stdout(io.StringIO()):
-                r = train_amp.train(args, train_amp.Dist(), a.dev,
-                                    {"flag": False, "signal": None})
+                r = train_amp.train(args, train_amp.Ranks(), a.dev,
+                                    train_amp.StopRequest())
             res.setdefault(decode, []).append(r["final"]["val_acc"])
     for decode, accs in res.items():
         print(f"  digits JPEGs --decode {decode}: val_acc {', '.join(f'{v:.2f}' for v in accs)}"
@@ -163,7 +165,7 @@ def profile_device_path(a, folder, batches=12):
     it = iter(loader)
     for k in range(batches + 2):
         t0 = time.perf_counter()
-        (flat, lengths, paths, _), y = next(it)
+        (flat, lengths, paths, _), _labels = next(it)
         t1 = time.perf_counter()
         imgs, _, _ = train_amp.decode_jpegs(list(torch.split(flat, lengths.tolist())), paths,
                                             a.dev)

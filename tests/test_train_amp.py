@@ -1,4 +1,4 @@
-"""train_amp.py (issue 5), run inside fresh containers of the image on CPU: the command line,
+"""train_amp.py, run inside fresh containers of the image on CPU: the command line,
 AMP step order, checkpoints/SIGTERM/resume, --compare, data sources and two-node torchrun."""
 import io
 import json
@@ -73,7 +73,7 @@ def volume(docker_client, module_containers):
 # command line
 
 def test_help_documents_every_option(run_in_image):
-    """train_amp.py should be on PATH and --help should document every option of the issue."""
+    """train_amp.py should be on PATH and --help should document every option and data source."""
     code, logs = run_in_image(["train_amp.py", "--help"])
     assert code == 0, f"--help exited {code}:\n{logs}"
     for option in ("--model", "--data", "--epochs", "--steps", "--batch-size", "--lr", "--amp",
