@@ -39,18 +39,18 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 # smoke_tests/test_train_amp.py, always the same way: the folder holding this file (the
 # repository root; /usr/local/bin in the image) first on sys.path, then `import train_amp`.
 # The names they use (keep them, or change those files with them): bench_amp.py sets up with
-# build_parser/fill_defaults/check_model_name, times with benchmark and train (a Ranks and a
-# StopRequest), and its loader alone with ImageFolderData/collate_bytes; bench_input.py also
-# times the --decode device stages (decode_jpegs, random_crop_boxes, batch_generator,
-# crop_resize, normalise) and writes digits_split out as JPEGs; the tests call main in-process,
-# spy on build_model/train_step/load_checkpoint, step with make_optimizer, and compare
-# random_crop_boxes/decode_on_device/crop_resize with torchvision's CPU transforms.
+# writable_home/build_parser/fill_defaults/check_model_name, times with benchmark and train
+# (a Ranks and a StopRequest), and its loader alone with ImageFolderData/collate_bytes;
+# bench_input.py also times the --decode device stages (decode_jpegs, random_crop_boxes,
+# batch_generator, crop_resize, normalise) and writes digits_split out as JPEGs; the tests call
+# main in-process, spy on build_model/train_step/load_checkpoint, step with make_optimizer, and
+# compare random_crop_boxes/decode_on_device/crop_resize with torchvision's CPU transforms.
 __all__ = [
     "ImageFolderData", "Ranks", "StopRequest", "UsageError", "batch_generator", "benchmark",
     "build_model", "build_parser", "check_model_name", "collate_bytes", "crop_resize",
     "decode_jpegs", "decode_on_device", "device_name", "digits_split", "fill_defaults",
     "load_checkpoint", "main", "make_optimizer", "normalise", "random_crop_boxes", "train",
-    "train_step",
+    "train_step", "writable_home",
 ]
 
 PROG = "train_amp.py"
@@ -85,11 +85,12 @@ else fp16; on CPU it means bf16 autocast. SIGTERM (docker stop, a scheduler's pr
 saves a checkpoint at the end of the current step and exits 0; --resume continues there.
 
 checkpoints: a run never replaces another run's CHECKPOINT_DIR/last.pt by surprise: if one is
-there, add --resume to continue it, give another --checkpoint-dir for a new run, or add
---overwrite to replace it (at this run's first save). A save goes to last.tmp, is fsynced,
-then renamed over last.pt, so a kill or a full disk leaves the previous last.pt intact; a
-last.tmp left by a kill -9 is removed at the next start. The directory is created and
-write-tested before any training. A checkpoint is never written from non-finite weights.
+there, add --resume to continue it, give another --checkpoint-dir for a new run (also for one
+continued with --resume PATH), or add --overwrite to replace it (at this run's first save).
+A save goes to last.tmp, is fsynced, then renamed over last.pt, so a kill or a full disk
+leaves the previous last.pt intact; a last.tmp left by a kill -9 is removed at the next start.
+The directory is created and write-tested before any training. A checkpoint is never written
+from non-finite weights.
 
 exit status: 0 done (or stopped by SIGTERM/Ctrl-C after saving); 2 a problem in the command
 line, the data or the checkpoint directory, with a one-line fix (also an unreadable image:
@@ -264,9 +265,10 @@ def build_parser():
                         " and on SIGTERM (default: ./checkpoints; '' = never). If it already"
                         " holds a last.pt, the run stops unless --resume or --overwrite is given")
     g.add_argument("--overwrite", action="store_true",
-                   help="start a new run even though CHECKPOINT_DIR/last.pt exists: it is"
-                        " replaced at this run's first save (without this flag the run refuses"
-                        " to start, so an earlier run is never lost by accident)")
+                   help="start a new run (or continue --resume PATH) even though"
+                        " CHECKPOINT_DIR/last.pt exists: it is replaced at this run's first"
+                        " save (without this flag the run refuses to start, so an earlier run"
+                        " is never lost by accident)")
     g.add_argument("--save-every", type=non_negative_int, default=0,
                    help="also save every N steps (default: 0 = epoch ends and SIGTERM only)")
     g.add_argument("--resume", nargs="?", const="auto", default=None, metavar="PATH",
@@ -1615,12 +1617,15 @@ def check_checkpoint_dir(args, ranks):
         return  # --benchmark and --compare write no checkpoints
     folder = pathlib.Path(args.checkpoint_dir)
     last = folder / "last.pt"
-    if last.exists() and not (args.resume or args.overwrite):
-        held = checkpoint_summary(last)
-        raise UsageError(f"{last} already holds a run"
-                         f" ({held or 'unreadable: not a train_amp checkpoint?'}): add --resume"
-                         " to continue it, give another --checkpoint-dir for a new run, or add"
-                         " --overwrite to replace it")
+    if last.exists() and not (args.overwrite or continues(args.resume, last)):
+        held = checkpoint_summary(last) or "unreadable: not a train_amp checkpoint?"
+        if args.resume:  # continuing another checkpoint would save over this one
+            raise UsageError(f"{last} already holds a run ({held}) and --resume {args.resume}"
+                             " would replace it: give another --checkpoint-dir for the continued"
+                             " run, or add --overwrite to replace it")
+        raise UsageError(f"{last} already holds a run ({held}): add --resume to continue it,"
+                         " give another --checkpoint-dir for a new run, or add --overwrite to"
+                         " replace it")
     probe = folder / PROBE_NAME
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -1637,6 +1642,17 @@ def check_checkpoint_dir(args, ranks):
         ranks.print_on_main(f"removed {stale} ({size / MiB:.1f} MiB): a partial checkpoint"
                             " left by a save that was interrupted (killed); last.pt was not"
                             " affected")
+
+
+def continues(resume, last):
+    """Whether --resume continues the run in last (CHECKPOINT_DIR/last.pt): a bare --resume,
+    or a path to that same file."""
+    if resume == "auto":
+        return True
+    try:
+        return bool(resume) and os.path.samefile(resume, last)
+    except OSError:  # the --resume file is missing: load_checkpoint says so
+        return False
 
 
 def weights_finite(net):
@@ -2008,6 +2024,8 @@ class Trainer:
             self.ranks.print_on_main("the checkpoint has already finished this job: nothing"
                                      " to do")
             return False
+        if self.history and self.history[-1]["epoch"] == self.start_epoch + 1:
+            self.history.pop()  # an epoch --steps ended early: its record is made again at its end
         return True
 
     def save(self, epoch, step_in_epoch):
@@ -2071,7 +2089,9 @@ class Trainer:
                                           t_end)
         record = self._epoch_record(epoch, step, meter.images_per_s(self.global_batch, t_end))
         self.history.append(record)
-        self.save(epoch + 1, 0)
+        # --steps may end the job inside an epoch: save the position there, so that a resume
+        # with a larger --steps trains the rest of that epoch (epoch + 1, step 0 would skip it).
+        self.save(*((epoch + 1, 0) if step == self.steps_per_epoch else (epoch, step)))
         self._log_epoch(record)
 
     def _start_epoch(self, epoch):
@@ -2359,7 +2379,7 @@ def check_args(args, ranks):
                          " --batch-size 64)")
     if args.benchmark and args.compare:
         raise UsageError("--benchmark and --compare are separate modes: pick one")
-    if args.overwrite and args.resume:
+    if args.overwrite and args.resume == "auto":
         raise UsageError("--overwrite starts a new run over CHECKPOINT_DIR/last.pt and --resume"
                          " continues it: give one of them")
     if args.resume == "auto" and not args.checkpoint_dir and not (args.benchmark

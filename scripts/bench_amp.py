@@ -152,6 +152,9 @@ def main():
     p.add_argument("--device", default="cuda",
                    help="cuda (default); cpu only to smoke-test this script with a tiny model")
     a = p.parse_args()
+    # As train_amp.main does, before anything reads HOME or the user name: started without the
+    # entrypoint as a UID with no passwd entry, Inductor's getpass.getuser() raises KeyError.
+    train_amp.writable_home()
     if a.report:
         merged = None
         for f in a.report:
@@ -343,8 +346,8 @@ def print_report(r):
         return None
 
     for m in r["matrix"]:
-        if "error" in m:
-            print(f"| {m['precision']} | {'on' if m['channels_last'] else 'off'} |"
+        if "error" in m:  # a failed tuned row has no channels_last: it ran with auto
+            print(f"| {m['precision']} | {on_off(m.get('channels_last', 'auto'))} |"
                   f" {on_off(m['compile'])} | error |"
                   f" {m['error'][:60]} | | |")
             continue

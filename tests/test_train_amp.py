@@ -445,6 +445,31 @@ def test_compare_runs_beside_an_existing_checkpoint_and_leaves_it_alone(checkpoi
     assert compare["sha"] == over["sha"], "--compare changed ck/last.pt"
 
 
+def test_resume_from_another_path_never_replaces_the_checkpoint_dirs_run(
+        docker_client, image_ref, module_containers):
+    """--resume OTHER into a --checkpoint-dir that holds another run should exit 2 and leave
+    its last.pt as it was; with --overwrite it continues OTHER there."""
+    job = ["train_amp.py", *SYNTH, "--log-every", "100"]
+    lines = [STEP_FN,
+             "step mine " + shlex.join(job + ["--steps", "2", "--checkpoint-dir", "ck"]),
+             "step other " + shlex.join(job + ["--epochs", "1", "--checkpoint-dir", "other"]),
+             "step refused " + shlex.join(job + ["--epochs", "2", "--checkpoint-dir", "ck",
+                                                 "--resume", "other/last.pt"]),
+             "step overwrite " + shlex.join(job + ["--epochs", "2", "--checkpoint-dir", "ck",
+                                                   "--resume", "other/last.pt", "--overwrite"]),
+             "set -- ck/last.pt", INSPECT_LAST]
+    runs, final = run_steps(docker_client, image_ref, module_containers, lines, "resume-elsewhere")
+    mine, refused, over = runs["mine"], runs["refused"], runs["overwrite"]
+    assert mine["rc"] == 0 and runs["other"]["rc"] == 0, f"set-up failed:\n{show(mine)}\n{show(runs['other'])}"
+    assert refused["rc"] == 2, f"--resume other/last.pt into ck exited {refused['rc']}, not 2:\n{show(refused)}"
+    assert len(refused["err"]) == 1 and all(part in refused["err"][0] for part in (
+        "train_amp.py: error: ck/last.pt already holds a run", "--resume other/last.pt",
+        "another --checkpoint-dir", "--overwrite")), f"not the one-line refusal:\n{show(refused)}"
+    assert refused["sha"] == mine["sha"] and not refused["out"], f"ck/last.pt was touched:\n{show(refused)}"
+    assert over["rc"] == 0 and over["sha"] != mine["sha"], f"--overwrite did not continue into ck:\n{show(over)}"
+    assert (final or {}).get("global_step") == 16, f"ck/last.pt should be other's run continued to step 16: {final}"
+
+
 @pytest.fixture(scope="module")
 def diverging_runs(docker_client, image_ref, module_containers):
     """A good run into ck, then a run that diverges (--lr 1e6, no clipping) with --overwrite
@@ -814,7 +839,6 @@ def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
                         for r in runs), runs
 
 
-
 def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_image):
     """scripts/bench_input.py (issue 14's benchmark) should make its JPEGs and tar shards and
     print images/s per --decode path with the ratio to synthetic data: tiny, on CPU."""
@@ -834,6 +858,25 @@ def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_imag
     assert all(r.get("ips", 0) > 0 and len(r["epoch_ips"]) == 2 for r in rows.values()), rows
     assert rows["tar"]["decode"] == "workers", f"auto on CPU must pick workers: {rows['tar']}"
     assert report["page_cache"].startswith("warm"), report
+
+
+def test_bench_amp_compiles_as_a_uid_without_a_passwd_entry(run_in_image):
+    """scripts/bench_amp.py started without the entrypoint as a UID with no passwd entry (as
+    pyxis or a Kubernetes `command:` start it) should still torch.compile: Inductor names its
+    cache after the user."""
+    script = ("python /repo/scripts/bench_amp.py --device cpu --model resnet18 --image-size 32"
+              " --batch-size 8 --steps 1 --warmup-steps 1 --only tuned --out /tmp/bench.json"
+              " && cat /tmp/bench.json")
+    code, logs = run_in_image(["bash", "-c", script], timeout=600, entrypoint="",
+                              user="12345:12345",
+                              volumes={str(ROOT / "scripts"): {"bind": "/repo/scripts",
+                                                               "mode": "ro"}})
+    assert code == 0, f"bench_amp.py exited {code}:\n{logs}"
+    report = json.loads(logs[logs.index("\n{") + 1:])
+    runs = [m for m in report["matrix"] if m.get("compile") == "tuned"]
+    assert len(runs) == 1 and "error" not in runs[0] and runs[0]["images_per_s"] > 0, (
+        f"the compiled configuration did not run: {runs}")
+
 
 # ---------------------------------------------------------------------------------------
 # distributed: two containers as two nodes
@@ -1004,6 +1047,28 @@ def test_compile_flag_really_compiles_graphs(run_in_image, env, compiles):
     assert compiled == compiles, (
         f"compiled graphs: {seen['graphs']}, Inductor counters: {seen['inductor']}; expected compiled={compiles}"
         f" (env {env}; train_amp logged compile=True either way: {'compile=True' in logs})")
+
+
+def test_resume_with_more_steps_trains_the_rest_of_the_epoch_steps_cut_short(run_in_image):
+    """--steps ending mid-epoch, then --resume with a larger --steps, should train exactly the
+    steps in between, in that same epoch."""
+    job = [*SYNTH, "--seed", "3", "--log-every", "2", "--checkpoint-dir", "ck"]
+    script = probe_script([
+        ("short", {}, [*job, "--steps", "3"]),
+        ("longer", {}, [*job, "--steps", "8", "--resume", "--metrics", "longer.json"]),
+    ]) + ("python3 -c 'import json; print(\"METRICS\", json.dumps(json.load(open(\"longer.json\"))"
+          "[\"history\"]))'\nset -- ck/last.pt\n" + INSPECT_LAST + "\n")
+    code, logs = run_in_image(["bash", "-c", script], timeout=600)
+    assert code == 0, f"the runs failed ({code}):\n{logs}"
+    seen = probes(logs)
+    assert (seen["short"]["steps"], seen["longer"]["steps"]) == (3, 5), (
+        f"--steps 3 then --resume --steps 8 should train 3 then 5 steps: {seen}\n{logs}")
+    assert "resumed from ck/last.pt: epoch 1 step 3/8 (global step 3/8)" in logs, logs
+    history = json.loads(re.search(r"^METRICS (.*)$", logs, re.MULTILINE).group(1))
+    assert [(r["epoch"], r["steps"]) for r in history] == [(1, 8)], (
+        f"one record of the whole epoch 1 (8 steps) expected: {history}")
+    ckpt = json.loads(re.search(r"^CKPT (.*)$", logs, re.MULTILINE).group(1))
+    assert ckpt["global_step"] == 8, f"ck/last.pt should be at global step 8: {ckpt}"
 
 
 def test_resume_runs_only_the_remaining_steps_and_matches_a_fresh_run(run_in_image):
