@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_input.py: does the input pipeline keep up with AMP? (issue 14). Trains train_amp.py
+"""bench_input.py: does the input pipeline keep up with AMP training? Trains train_amp.py
 on synthetic data and on an ImageNet-like JPEG set it makes, per --decode path, and prints
 images/s over whole epochs (the first, warm-up/compile epoch excluded) and the JPEG/synthetic ratio.
 

@@ -840,7 +840,7 @@ def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
 
 
 def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_image):
-    """scripts/bench_input.py (issue 14's benchmark) should make its JPEGs and tar shards and
+    """scripts/bench_input.py (synthetic vs JPEG images/s) should make its JPEGs and tar shards and
     print images/s per --decode path with the ratio to synthetic data: tiny, on CPU."""
     script = ("python /repo/scripts/bench_input.py --device cpu --model resnet18 --image-size 32"
               " --batch-size 16 --images 64 --classes 4 --max-side 96 --epochs 2"
