@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_amp.py: the AMP performance matrix of issue 5 on one GPU, in one process.
+"""bench_amp.py: what AMP, channels_last and torch.compile buy on one GPU, in one process.
 ResNet-50 (default), batch 256, synthetic data on the GPU: strict FP32 / TF32 / AMP fp16 /
 AMP bf16, each with and without channels_last and torch.compile; then train_amp.py's default
 flags, the defaults with --compile tuned, and an ImageFolder of JPEGs (input pipeline vs GPU).
@@ -23,7 +23,8 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-# train_amp.py lives at the repository root (and at /usr/local/bin in the image).
+# train_amp is imported the one documented way (see the top of train_amp.py): its folder first
+# on sys.path. It lives at the repository root, and at /usr/local/bin in the image.
 for p in (HERE.parent, pathlib.Path("/usr/local/bin")):
     if (p / "train_amp.py").is_file():
         sys.path.insert(0, str(p))
@@ -88,9 +89,9 @@ def make_imagefolder(root, n_images, n_classes=10):
     root = pathlib.Path(root)
     jobs = []
     for i in range(n_images):
-        d = root / f"class{i % n_classes:02d}"
-        d.mkdir(parents=True, exist_ok=True)
-        jobs.append((str(d / f"{i:05d}.jpg"), i))
+        class_dir = root / f"class{i % n_classes:02d}"
+        class_dir.mkdir(parents=True, exist_ok=True)
+        jobs.append((str(class_dir / f"{i:05d}.jpg"), i))
     with multiprocessing.Pool(os.cpu_count()) as pool:
         pool.map(make_jpeg, jobs, chunksize=32)
     return sum(f.stat().st_size for f in root.rglob("*.jpg"))
@@ -151,6 +152,9 @@ def main():
     p.add_argument("--device", default="cuda",
                    help="cuda (default); cpu only to smoke-test this script with a tiny model")
     a = p.parse_args()
+    # As train_amp.main does, before anything reads HOME or the user name: started without the
+    # entrypoint as a UID with no passwd entry, Inductor's getpass.getuser() raises KeyError.
+    train_amp.writable_home()
     if a.report:
         merged = None
         for f in a.report:
@@ -168,6 +172,10 @@ def main():
         merged["skipped"] = [k for k in merged["skipped"] if _skipped_key(k) not in done]
         print_report(merged)
         return
+    try:  # build_model trusts the name: train_amp checks it once, in check_args
+        train_amp.check_model_name(a.model)
+    except train_amp.UsageError as e:
+        sys.exit(f"bench_amp.py: error: {e}")
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_amp.py needs a CUDA GPU (for CPU, see tests/test_train_amp.py)")
     a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
@@ -296,8 +304,8 @@ def bench_jpeg(a):
                  "--device", a.device])
             train_amp.fill_defaults(args)
             torch.cuda.empty_cache()
-            r = train_amp.train(args, train_amp.Dist(), a.dev,
-                                {"flag": False, "signal": None}, label=f"[jpeg {decode}]")
+            r = train_amp.train(args, train_amp.Ranks(), a.dev, train_amp.StopRequest(),
+                                label=f"[jpeg {decode}]")
             # The whole last epoch, its first batches' wait included: train_amp.py's own
             # figure leaves out an epoch's first steps, and in a short epoch the workers have
             # prefetched all the rest by then, so it shows the GPU's rate, not the loader's.
@@ -338,8 +346,8 @@ def print_report(r):
         return None
 
     for m in r["matrix"]:
-        if "error" in m:
-            print(f"| {m['precision']} | {'on' if m['channels_last'] else 'off'} |"
+        if "error" in m:  # a failed tuned row has no channels_last: it ran with auto
+            print(f"| {m['precision']} | {on_off(m.get('channels_last', 'auto'))} |"
                   f" {on_off(m['compile'])} | error |"
                   f" {m['error'][:60]} | | |")
             continue

@@ -3,8 +3,9 @@ the weights and the optimizer untouched, and training must go on with finite wei
 
 Guards a real failure: torch 2.11's fused SGD advanced its momentum on skipped steps, so the
 routine first-step overflow turned every weight into NaN (LibreYOLO/libreyolo#771)."""
-import importlib.util
+import importlib
 import pathlib
+import sys
 
 import pytest
 import torch
@@ -12,13 +13,14 @@ import torch.nn.functional as F
 
 
 def _train_amp():
+    """train_amp imported the one documented way (see the top of train_amp.py): its folder
+    first on sys.path. It is beside smoke_tests/ in the repository, in /usr/local/bin in the
+    image."""
     here = pathlib.Path(__file__).resolve().parent
-    for path in (here.parent / "train_amp.py", pathlib.Path("/usr/local/bin/train_amp.py")):
-        if path.is_file():
-            spec = importlib.util.spec_from_file_location("train_amp", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
+    for folder in (here.parent, pathlib.Path("/usr/local/bin")):
+        if (folder / "train_amp.py").is_file():
+            sys.path.insert(0, str(folder))
+            return importlib.import_module("train_amp")
     pytest.skip("train_amp.py is neither beside smoke_tests/ nor in /usr/local/bin")
 
 

@@ -46,7 +46,7 @@ def test_tini_reaps_without_warning_when_it_is_not_pid_1(run_in_image):
 
 
 # ---------------------------------------------------------------------------------------
-# train_amp.py under schedulers: srun, Kubeflow, torchrun inside srun (issue "Beyond one machine")
+# train_amp.py under schedulers: srun, Kubeflow, torchrun inside srun (jobs across machines)
 
 # Each case: the variables a launcher sets -> what launch_env() must make of them.
 LAUNCH_CASES = {

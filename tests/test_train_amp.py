@@ -1,4 +1,4 @@
-"""train_amp.py (issue 5), run inside fresh containers of the image on CPU: the command line,
+"""train_amp.py, run inside fresh containers of the image on CPU: the command line,
 AMP step order, checkpoints/SIGTERM/resume, --compare, data sources and two-node torchrun."""
 import io
 import json
@@ -73,7 +73,7 @@ def volume(docker_client, module_containers):
 # command line
 
 def test_help_documents_every_option(run_in_image):
-    """train_amp.py should be on PATH and --help should document every option of the issue."""
+    """train_amp.py should be on PATH and --help should document every option and data source."""
     code, logs = run_in_image(["train_amp.py", "--help"])
     assert code == 0, f"--help exited {code}:\n{logs}"
     for option in ("--model", "--data", "--epochs", "--steps", "--batch-size", "--lr", "--amp",
@@ -445,6 +445,31 @@ def test_compare_runs_beside_an_existing_checkpoint_and_leaves_it_alone(checkpoi
     assert compare["sha"] == over["sha"], "--compare changed ck/last.pt"
 
 
+def test_resume_from_another_path_never_replaces_the_checkpoint_dirs_run(
+        docker_client, image_ref, module_containers):
+    """--resume OTHER into a --checkpoint-dir that holds another run should exit 2 and leave
+    its last.pt as it was; with --overwrite it continues OTHER there."""
+    job = ["train_amp.py", *SYNTH, "--log-every", "100"]
+    lines = [STEP_FN,
+             "step mine " + shlex.join(job + ["--steps", "2", "--checkpoint-dir", "ck"]),
+             "step other " + shlex.join(job + ["--epochs", "1", "--checkpoint-dir", "other"]),
+             "step refused " + shlex.join(job + ["--epochs", "2", "--checkpoint-dir", "ck",
+                                                 "--resume", "other/last.pt"]),
+             "step overwrite " + shlex.join(job + ["--epochs", "2", "--checkpoint-dir", "ck",
+                                                   "--resume", "other/last.pt", "--overwrite"]),
+             "set -- ck/last.pt", INSPECT_LAST]
+    runs, final = run_steps(docker_client, image_ref, module_containers, lines, "resume-elsewhere")
+    mine, refused, over = runs["mine"], runs["refused"], runs["overwrite"]
+    assert mine["rc"] == 0 and runs["other"]["rc"] == 0, f"set-up failed:\n{show(mine)}\n{show(runs['other'])}"
+    assert refused["rc"] == 2, f"--resume other/last.pt into ck exited {refused['rc']}, not 2:\n{show(refused)}"
+    assert len(refused["err"]) == 1 and all(part in refused["err"][0] for part in (
+        "train_amp.py: error: ck/last.pt already holds a run", "--resume other/last.pt",
+        "another --checkpoint-dir", "--overwrite")), f"not the one-line refusal:\n{show(refused)}"
+    assert refused["sha"] == mine["sha"] and not refused["out"], f"ck/last.pt was touched:\n{show(refused)}"
+    assert over["rc"] == 0 and over["sha"] != mine["sha"], f"--overwrite did not continue into ck:\n{show(over)}"
+    assert (final or {}).get("global_step") == 16, f"ck/last.pt should be other's run continued to step 16: {final}"
+
+
 @pytest.fixture(scope="module")
 def diverging_runs(docker_client, image_ref, module_containers):
     """A good run into ck, then a run that diverges (--lr 1e6, no clipping) with --overwrite
@@ -663,6 +688,107 @@ def test_skip_bad_images_finishes_and_counts_the_skipped_file(corrupt_jpeg_runs)
         f"epoch 1 accuracy {acc}% is not a count out of 47 images: the file was not left out")
 
 
+# The device path's batched crop against torchvision's RandomResizedCrop (what the workers
+# run), 20,000 draws each on three image shapes (the last one forces the fallback crop); its
+# flip rate and resize filter through decode_on_device on real JPEG bytes. Prints JSON.
+AUG_STATS = r"""
+import io, json, sys, numpy as np, torch, torch.nn.functional as F
+import torchvision.transforms as T
+from PIL import Image
+from torchvision.io import encode_jpeg
+sys.path.insert(0, "/usr/local/bin")
+import train_amp
+
+def q(v):
+    return torch.quantile(v.float(), torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95]))
+
+def stats(left, top, cw, ch, h, w):
+    return {"area": cw * ch / (h * w), "log_aspect": torch.log(cw / ch),
+            "centre_x": (left + cw / 2) / w, "centre_y": (top + ch / 2) / h}
+
+n, out = 20000, {"quantile_gap": {}}
+for h, w in ((375, 500), (640, 333), (40, 400)):
+    b = train_amp.random_crop_boxes([(h, w)] * n, torch.Generator().manual_seed(0))
+    ours = stats(b[:, 0], b[:, 1], b[:, 2] - b[:, 0], b[:, 3] - b[:, 1], h, w)
+    torch.manual_seed(0)
+    img = Image.new("RGB", (w, h))
+    r = torch.tensor([T.RandomResizedCrop.get_params(img, (0.08, 1.0), (3 / 4, 4 / 3))
+                      for _ in range(n)], dtype=torch.float64)  # top, left, height, width
+    ref = stats(r[:, 1], r[:, 0], r[:, 3], r[:, 2], h, w)
+    for k in ours:
+        out["quantile_gap"][f"{h}x{w} {k}"] = (q(ours[k]) - q(ref[k])).abs().max().item()
+ramp = torch.arange(64).mul(4).expand(3, 48, 64).to(torch.uint8).contiguous()
+data = encode_jpeg(ramp, quality=95)
+flipped = 0
+for k in range(20):
+    packed = (data.repeat(100), torch.full((100,), len(data)), ["ramp.jpg"] * 100, [])
+    x, _ = train_amp.decode_on_device(packed, True, 16, torch.device("cpu"),
+                                      gen=train_amp.batch_generator(k))
+    flipped += (x[:, :, :, 0].mean((1, 2)) > x[:, :, :, -1].mean((1, 2))).sum().item()
+out["flip_rate"] = flipped / 2000
+img = torch.from_numpy(np.array(Image.open(io.BytesIO(data.numpy().tobytes())))).permute(2, 0, 1)
+ours = train_amp.crop_resize([img], torch.tensor([[0., 0., 64., 48.]]), 16)
+ref = F.interpolate(img[None].float(), size=(16, 16), mode="bilinear", antialias=True)
+out["resize_mean_abs_diff"] = (ours - ref).abs().mean().item()
+print(json.dumps(out))
+"""
+
+
+def test_device_augmentation_has_the_cpu_paths_crop_and_flip_statistics(run_in_image):
+    """The GPU path's batched crops should draw torchvision RandomResizedCrop's distribution,
+    flip half the images and resize like resize(antialias=True)."""
+    code, logs = run_in_image(["python3", "-c", AUG_STATS], timeout=300)
+    assert code == 0, f"exited {code}:\n{logs}"
+    r = json.loads(logs.strip().splitlines()[-1])
+    # 20,000 draws: the quantiles of two samples of one distribution differ by about 0.005.
+    worst = max(r["quantile_gap"].items(), key=lambda kv: kv[1])
+    assert worst[1] < 0.02, f"crop distribution differs from RandomResizedCrop: {worst}; {r}"
+    assert abs(r["flip_rate"] - 0.5) < 0.04, f"flip rate {r['flip_rate']} over 2000 images"
+    assert r["resize_mean_abs_diff"] < 1.0, f"resize filter differs (0-255 scale): {r}"
+
+
+MAKE_SHARDS = r"""
+import io, pathlib, tarfile
+for split in ("train", "val"):
+    files = sorted(pathlib.Path("imgs", split).rglob("*.jpg"))
+    with tarfile.open(f"shards/{split}-000.tar", "w") as tar:
+        for f in files:
+            key = f"{f.parent.name}_{f.stem}"
+            tar.add(f, arcname=f"{key}.jpg")
+            label = str(int(f.parent.name[-1])).encode()
+            info = tarfile.TarInfo(f"{key}.cls")
+            info.size = len(label)
+            tar.addfile(info, io.BytesIO(label))
+"""
+
+
+@pytest.mark.parametrize("decode", ["workers", "device"])
+def test_tar_shards_train_and_validate(run_in_image, decode):
+    """Container should train on WebDataset-style tar shards (KEY.jpg + KEY.cls) and score
+    the val-*.tar shards, decoding in the workers or on the device."""
+    script = (f"python3 - <<'EOF'\n{MAKE_JPEGS}\nEOF\nmkdir shards\n"
+              f"python3 - <<'EOF'\n{MAKE_SHARDS}\nEOF\n"
+              "exec train_amp.py --data shards --model resnet18 --image-size 32"
+              f" --batch-size 16 --epochs 1 --num-workers 2 --lr 0.05 --decode {decode}"
+              " --checkpoint-dir ''")
+    code, logs = run_in_image(["bash", "-c", script])
+    assert code == 0, f"exited {code}:\n{logs}"
+    assert "(48 train images, 2 classes, 32px)" in logs, f"shards not read:\n{logs}"
+    assert re.search(r"^epoch 1/1: .* val_acc [\d.]+%", logs, re.MULTILINE), (
+        f"no val accuracy from the val shard:\n{logs}")
+
+
+def test_decode_auto_says_which_path_it_picked(run_in_image):
+    """--decode auto (the default) should print the path it picked and why: workers on CPU."""
+    script = (f"python3 - <<'EOF'\n{MAKE_JPEGS}\nEOF\n"
+              "exec train_amp.py --data imgs --model resnet18 --image-size 32 --batch-size 16"
+              " --steps 1 --num-workers 1 --checkpoint-dir ''")
+    code, logs = run_in_image(["bash", "-c", script])
+    assert code == 0, f"exited {code}:\n{logs}"
+    assert re.search(r"^--decode auto: workers \(no GPU: the \d+ CPU core\(s\) decode\)$", logs,
+                     re.MULTILINE), f"no line naming the picked decode path:\n{logs}"
+
+
 def test_benchmark_times_steps_and_writes_json(start_container):
     """--benchmark should time steps on a device-resident batch and write benchmark.json."""
     c = start_container(["train_amp.py", "--benchmark", "--model", "resnet18", "--image-size",
@@ -711,6 +837,45 @@ def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
     runs = report["jpeg"]["runs"]
     assert runs and all(r.get("loader_only_ips", 0) > 0 and r.get("train_ips", 0) > 0
                         for r in runs), runs
+
+
+def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_image):
+    """scripts/bench_input.py (synthetic vs JPEG images/s) should make its JPEGs and tar shards and
+    print images/s per --decode path with the ratio to synthetic data: tiny, on CPU."""
+    script = ("python /repo/scripts/bench_input.py --device cpu --model resnet18 --image-size 32"
+              " --batch-size 16 --images 64 --classes 4 --max-side 96 --epochs 2"
+              " --rows synthetic,device,tar --jpeg-dir /tmp/bi --out /tmp/bi.json"
+              " && cat /tmp/bi.json")
+    code, logs = run_in_image(["bash", "-c", script], timeout=600,
+                              volumes={str(ROOT / "scripts"): {"bind": "/repo/scripts",
+                                                               "mode": "ro"}})
+    assert code == 0, f"bench_input.py exited {code}:\n{logs}"
+    assert re.search(r"^\| JPEG ImageFolder \| device \| \d+ \| [\d.]+ \|$", logs,
+                     re.MULTILINE), f"no JPEG row with a ratio:\n{logs}"
+    report = json.loads(logs[logs.index("\n{") + 1:])
+    rows = {r["label"]: r for r in report["rows"]}
+    assert set(rows) == {"synthetic", "device", "tar"}, report["rows"]
+    assert all(r.get("ips", 0) > 0 and len(r["epoch_ips"]) == 2 for r in rows.values()), rows
+    assert rows["tar"]["decode"] == "workers", f"auto on CPU must pick workers: {rows['tar']}"
+    assert report["page_cache"].startswith("warm"), report
+
+
+def test_bench_amp_compiles_as_a_uid_without_a_passwd_entry(run_in_image):
+    """scripts/bench_amp.py started without the entrypoint as a UID with no passwd entry (as
+    pyxis or a Kubernetes `command:` start it) should still torch.compile: Inductor names its
+    cache after the user."""
+    script = ("python /repo/scripts/bench_amp.py --device cpu --model resnet18 --image-size 32"
+              " --batch-size 8 --steps 1 --warmup-steps 1 --only tuned --out /tmp/bench.json"
+              " && cat /tmp/bench.json")
+    code, logs = run_in_image(["bash", "-c", script], timeout=600, entrypoint="",
+                              user="12345:12345",
+                              volumes={str(ROOT / "scripts"): {"bind": "/repo/scripts",
+                                                               "mode": "ro"}})
+    assert code == 0, f"bench_amp.py exited {code}:\n{logs}"
+    report = json.loads(logs[logs.index("\n{") + 1:])
+    runs = [m for m in report["matrix"] if m.get("compile") == "tuned"]
+    assert len(runs) == 1 and "error" not in runs[0] and runs[0]["images_per_s"] > 0, (
+        f"the compiled configuration did not run: {runs}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -882,6 +1047,28 @@ def test_compile_flag_really_compiles_graphs(run_in_image, env, compiles):
     assert compiled == compiles, (
         f"compiled graphs: {seen['graphs']}, Inductor counters: {seen['inductor']}; expected compiled={compiles}"
         f" (env {env}; train_amp logged compile=True either way: {'compile=True' in logs})")
+
+
+def test_resume_with_more_steps_trains_the_rest_of_the_epoch_steps_cut_short(run_in_image):
+    """--steps ending mid-epoch, then --resume with a larger --steps, should train exactly the
+    steps in between, in that same epoch."""
+    job = [*SYNTH, "--seed", "3", "--log-every", "2", "--checkpoint-dir", "ck"]
+    script = probe_script([
+        ("short", {}, [*job, "--steps", "3"]),
+        ("longer", {}, [*job, "--steps", "8", "--resume", "--metrics", "longer.json"]),
+    ]) + ("python3 -c 'import json; print(\"METRICS\", json.dumps(json.load(open(\"longer.json\"))"
+          "[\"history\"]))'\nset -- ck/last.pt\n" + INSPECT_LAST + "\n")
+    code, logs = run_in_image(["bash", "-c", script], timeout=600)
+    assert code == 0, f"the runs failed ({code}):\n{logs}"
+    seen = probes(logs)
+    assert (seen["short"]["steps"], seen["longer"]["steps"]) == (3, 5), (
+        f"--steps 3 then --resume --steps 8 should train 3 then 5 steps: {seen}\n{logs}")
+    assert "resumed from ck/last.pt: epoch 1 step 3/8 (global step 3/8)" in logs, logs
+    history = json.loads(re.search(r"^METRICS (.*)$", logs, re.MULTILINE).group(1))
+    assert [(r["epoch"], r["steps"]) for r in history] == [(1, 8)], (
+        f"one record of the whole epoch 1 (8 steps) expected: {history}")
+    ckpt = json.loads(re.search(r"^CKPT (.*)$", logs, re.MULTILINE).group(1))
+    assert ckpt["global_step"] == 8, f"ck/last.pt should be at global step 8: {ckpt}"
 
 
 def test_resume_runs_only_the_remaining_steps_and_matches_a_fresh_run(run_in_image):

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""bench_input.py: does the input pipeline keep up with AMP training? Trains train_amp.py
+on synthetic data and on an ImageNet-like JPEG set it makes, per --decode path, and prints
+images/s over whole epochs (the first, warm-up/compile epoch excluded) and the JPEG/synthetic ratio.
+
+    python scripts/bench_input.py --out /tmp/bench_input.json
+
+Every row is train_amp.train() with the default flags (AMP, channels_last, torch.compile on a
+GPU), in this process, one after the other. The JPEGs are written by this script just before,
+so they are in the page cache (the report says so and how big the set is): the figures are
+the warm-cache rate of a data set that fits in RAM, the case where the CPU or GPU, not the
+disk, sets the pace. --device cpu with a tiny model is the CI smoke test of this script."""
+import argparse
+import contextlib
+import io
+import json
+import multiprocessing
+import os
+import pathlib
+import statistics
+import sys
+import tarfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+# train_amp is imported the one documented way (see the top of train_amp.py): its folder first
+# on sys.path. It lives at the repository root, and at /usr/local/bin in the image.
+for p in (HERE.parent, pathlib.Path("/usr/local/bin")):
+    if (p / "train_amp.py").is_file():
+        sys.path.insert(0, str(p))
+        break
+import torch
+
+import train_amp
+
+# What a user of ImageNet-like data has: 333-640 px photos, about 90 KB each at quality 90.
+MIN_SIDE, MAX_SIDE, NOISE = 333, 640, 14
+
+
+def make_jpeg(job):
+    """One JPEG: a smooth colour field plus grain (the grain sets the file size), 333-640 px,
+    three landscape for one portrait."""
+    import numpy as np
+    from PIL import Image
+    path, seed, max_side = job
+    rng = np.random.default_rng(seed)
+    long = int(rng.integers(min(400, max_side), max_side + 1))
+    short = max(min(MIN_SIDE, long), int(long * rng.uniform(0.55, 0.9)))
+    h, w = (short, long) if rng.random() < 0.75 else (long, short)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.stack([np.sin(xx / rng.uniform(6, 60) + rng.uniform(0, 6)) * 60
+                    + np.cos(yy / rng.uniform(6, 60)) * 60 + rng.uniform(60, 190)
+                    for _ in range(3)], -1)
+    img += rng.normal(0, NOISE, img.shape).astype(np.float32)
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(path, "JPEG", quality=90)
+
+
+def make_imagefolder(root, n_images, n_classes, max_side=MAX_SIDE):
+    root = pathlib.Path(root)
+    jobs = []
+    for i in range(n_images):
+        d = root / f"class{i % n_classes:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        jobs.append((str(d / f"{i:06d}.jpg"), i, max_side))
+    with multiprocessing.Pool(os.cpu_count()) as pool:
+        pool.map(make_jpeg, jobs, chunksize=16)
+
+
+def make_shards(folder, out, per_shard=1024):
+    """The same images as WebDataset-style tar shards: KEY.jpg + KEY.cls (the class index)."""
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    classes = sorted(p.name for p in pathlib.Path(folder).iterdir() if p.is_dir())
+    files = sorted((f, classes.index(f.parent.name)) for f in pathlib.Path(folder).rglob("*.jpg"))
+    for s in range(0, len(files), per_shard):
+        with tarfile.open(out / f"train-{s // per_shard:05d}.tar", "w") as tar:
+            for f, label in files[s:s + per_shard]:
+                key = f"{f.parent.name}_{f.stem}"
+                tar.add(f, arcname=f"{key}.jpg")
+                data = str(label).encode()
+                info = tarfile.TarInfo(f"{key}.cls")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def run(label, a, data, extra=()):
+    argv = ["--data", data, "--model", a.model, "--batch-size", str(a.batch_size),
+            "--image-size", str(a.image_size), "--epochs", str(a.epochs), "--checkpoint-dir", "",
+            "--progress", "none", "--device", a.device, *extra]
+    args = train_amp.build_parser().parse_args(argv)
+    train_amp.fill_defaults(args)
+    torch._dynamo.reset()
+    if a.device == "cuda":
+        torch.cuda.empty_cache()
+    row = {"label": label, "argv": argv}
+    try:
+        r = train_amp.train(args, train_amp.Ranks(), a.dev, train_amp.StopRequest(),
+                            label=f"[{label}]")
+        eps = [h["steps"] * a.batch_size / h["epoch_time_s"] for h in r["history"]]
+        row.update(epoch_ips=eps, ips=statistics.median(eps[1:]) if len(eps) > 1 else eps[0],
+                   compile=r["compile"], amp=r["config"]["amp"],
+                   channels_last=r["channels_last"], decode=getattr(args, "decode_used", None),
+                   train_acc=r["history"][-1]["train_acc"])
+    except Exception as e:  # noqa: BLE001 - report it, keep the other rows
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    print(f"  {label}: {row.get('ips', 0):.0f} images/s (epochs:"
+          f" {', '.join(f'{v:.0f}' for v in row.get('epoch_ips', []))}) {row.get('error', '')}",
+          flush=True)
+    return row
+
+
+def write_digits(root, side=64):
+    """scikit-learn's digits (real handwriting, bundled) as JPEGs in train/ and val/ class
+    folders, with train_amp.py's fixed digits split; upscaled to side px before encoding."""
+    from PIL import Image
+    train, val = train_amp.digits_split()
+    for split, ds in (("train", train), ("val", val)):
+        for i in range(len(ds)):
+            x, y = ds[i]
+            d = pathlib.Path(root) / split / f"digit{int(y)}"
+            d.mkdir(parents=True, exist_ok=True)
+            img = Image.fromarray((x[0].numpy() * 255).clip(0, 255).astype("uint8"))
+            img.resize((side, side), Image.BILINEAR).convert("RGB").save(
+                d / f"{i:04d}.jpg", "JPEG", quality=95)
+
+
+def digits_accuracy(a, root):
+    """Final val accuracy on the digits JPEGs per decode path and seed (eager: compiling
+    changes no accuracy, only time)."""
+    if not (root / "val").is_dir():
+        write_digits(root)
+    res = {}
+    for decode in ("workers", "device"):
+        for seed in range(a.accuracy):
+            argv = ["--data", str(root), "--model", "resnet18", "--image-size", "32",
+                    "--batch-size", "64", "--lr", "0.05", "--epochs", str(a.accuracy_epochs),
+                    "--seed", str(seed), "--decode", decode, "--compile", "off",
+                    "--checkpoint-dir", "", "--progress", "none", "--device", a.device]
+            args = train_amp.build_parser().parse_args(argv)
+            train_amp.fill_defaults(args)
+            with contextlib.redirect_stdout(io.StringIO()):
+                r = train_amp.train(args, train_amp.Ranks(), a.dev,
+                                    train_amp.StopRequest())
+            res.setdefault(decode, []).append(r["final"]["val_acc"])
+    for decode, accs in res.items():
+        print(f"  digits JPEGs --decode {decode}: val_acc {', '.join(f'{v:.2f}' for v in accs)}"
+              f" (mean {statistics.mean(accs):.2f}%)", flush=True)
+    return res
+
+
+def profile_device_path(a, folder, batches=12):
+    """Milliseconds per batch of each --decode device stage alone, the GPU synchronised after
+    each: where the time goes when the device path does not keep up."""
+    data = train_amp.ImageFolderData(folder, a.image_size, "device")
+    loader = torch.utils.data.DataLoader(data.train, batch_size=a.batch_size, shuffle=True,
+                                         num_workers=8, collate_fn=train_amp.collate_bytes,
+                                         pin_memory=a.device == "cuda", drop_last=True)
+    times = {"read (loader, host)": [], "decode (nvJPEG)": [], "crop+resize+flip": [],
+             "normalise": []}
+
+    def sync():
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+
+    it = iter(loader)
+    for k in range(batches + 2):
+        t0 = time.perf_counter()
+        (flat, lengths, paths, _), _labels = next(it)
+        t1 = time.perf_counter()
+        imgs, _, _ = train_amp.decode_jpegs(list(torch.split(flat, lengths.tolist())), paths,
+                                            a.dev)
+        sync()
+        t2 = time.perf_counter()
+        gen = train_amp.batch_generator(k)
+        boxes = train_amp.random_crop_boxes([im.shape[-2:] for im in imgs], gen)
+        x = train_amp.crop_resize(imgs, boxes, a.image_size)
+        x = torch.where((torch.rand(len(imgs), generator=gen) < 0.5).view(-1, 1, 1, 1).to(a.dev),
+                        x.flip(-1), x)
+        sync()
+        t3 = time.perf_counter()
+        train_amp.normalise(x, a.dev, True)
+        sync()
+        t4 = time.perf_counter()
+        if k >= 2:
+            for name, v in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                times[name].append(1000 * v)
+    prof = {k: statistics.median(v) for k, v in times.items()}
+    print("  device path per batch (ms, median): " + ", ".join(
+        f"{k} {v:.1f}" for k, v in prof.items()), flush=True)
+    return prof
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--images", type=int, default=8192, help="JPEGs to make (default 8192)")
+    p.add_argument("--classes", type=int, default=100)
+    p.add_argument("--max-side", type=int, default=MAX_SIDE, help="largest JPEG side (640)")
+    p.add_argument("--epochs", type=int, default=5,
+                   help="epochs per row; the figure is the median of epochs 2.. (default 5)")
+    p.add_argument("--rows", default="synthetic,workers,device,auto,tar",
+                   help="comma list: synthetic, workers, workers-all (one worker per core but"
+                        " one), device, auto (no --decode: what the default picks), tar (the"
+                        " JPEGs as tar shards, default decode)")
+    p.add_argument("--jpeg-dir", default="/tmp/bench_input")
+    p.add_argument("--out", default="bench_input.json")
+    p.add_argument("--device", default="cuda", help="cuda (default); cpu: smoke test only")
+    p.add_argument("--accuracy", type=int, default=0, metavar="SEEDS",
+                   help="also train on scikit-learn's digits written out as JPEGs, --decode"
+                        " workers vs device, this many seeds each, and print val accuracy")
+    p.add_argument("--accuracy-epochs", type=int, default=15)
+    p.add_argument("--profile", action="store_true",
+                   help="also time each stage of --decode device alone, per batch")
+    a = p.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_input.py needs a CUDA GPU (--device cpu only smoke-tests it)")
+    a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
+    folder = pathlib.Path(a.jpeg_dir) / "jpeg"
+    t0 = time.perf_counter()
+    if not any(folder.rglob("*.jpg")):
+        make_imagefolder(folder, a.images, a.classes, a.max_side)
+    files = list(folder.rglob("*.jpg"))
+    size = sum(f.stat().st_size for f in files)
+    rows = a.rows.split(",")
+    if "tar" in rows and not any((pathlib.Path(a.jpeg_dir) / "shards").glob("*.tar")):
+        make_shards(folder, pathlib.Path(a.jpeg_dir) / "shards")
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    rep = {"gpu": train_amp.device_name(a.dev), "torch": torch.__version__,
+           "cpus": os.cpu_count(), "model": a.model, "batch_size": a.batch_size,
+           "image_size": a.image_size, "epochs": a.epochs, "images": len(files),
+           "mean_kib": size / len(files) / 1024, "make_s": time.perf_counter() - t0,
+           "page_cache": (f"warm: the {size / 2 ** 20:.0f} MiB of JPEGs were written by this"
+                          f" run just before ({mem_gib:.0f} GiB RAM), so every epoch reads"
+                          " them from the page cache"), "rows": []}
+    print(f"# bench_input: {a.model} batch {a.batch_size} on {rep['gpu']} ({rep['cpus']} CPUs),"
+          f" {len(files)} JPEGs, {rep['mean_kib']:.0f} KiB mean; {rep['page_cache']}", flush=True)
+    n_train = len(files)
+    cpus = os.cpu_count() or 2
+    plan = {
+        "synthetic": ("synthetic", ["--synthetic-size", str(n_train), "--num-classes",
+                                    str(a.classes)]),
+        "workers": (str(folder), ["--decode", "workers"]),
+        "workers-all": (str(folder), ["--decode", "workers", "--num-workers",
+                                      str(max(1, cpus - 1))]),
+        "device": (str(folder), ["--decode", "device"]),
+        "auto": (str(folder), []),
+        "tar": (str(pathlib.Path(a.jpeg_dir) / "shards"), []),
+    }
+    if a.profile:
+        rep["profile"] = profile_device_path(a, folder)
+    for name in rows:
+        data, extra = plan[name]
+        rep["rows"].append(run(name, a, data, extra))
+        pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
+    if a.accuracy:
+        rep["accuracy"] = digits_accuracy(a, pathlib.Path(a.jpeg_dir) / "digits")
+        pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
+    print_report(rep)
+    md = pathlib.Path(a.out).with_suffix(".md")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        print_report(rep)
+    md.write_text(buf.getvalue())
+
+
+def print_report(rep):
+    syn = next((r for r in rep["rows"] if r["label"] == "synthetic" and "ips" in r), None)
+    print(f"\n## Input pipeline: {rep['model']}, batch {rep['batch_size']},"
+          f" {rep['image_size']}px, train_amp.py defaults\n")
+    print(f"{rep['gpu']}, {rep['cpus']} CPU cores, torch {rep['torch']}; {rep['images']} JPEGs"
+          f" ({rep['mean_kib']:.0f} KiB mean); median images/s of epochs 2-{rep['epochs']} (whole"
+          f" epochs); page cache {rep['page_cache']}.\n")
+    print("| data | --decode | images/s | vs synthetic |")
+    print("|---|---|---:|---:|")
+    for r in rep["rows"]:
+        data = {"synthetic": "synthetic (in memory)", "tar": "tar shards"}.get(
+            r["label"], "JPEG ImageFolder")
+        decode = r.get("decode") or "-"
+        if r["label"] in ("auto", "tar"):
+            decode = f"auto -> {decode}"
+        if r["label"] == "workers-all":
+            decode += f" ({rep['cpus'] - 1} workers)"
+        if "error" in r:
+            print(f"| {data} | {decode} | error: {r['error'][:80]} | |")
+            continue
+        ratio = f"{r['ips'] / syn['ips']:.2f}" if syn and r is not syn else "1.00" if syn else "n/a"
+        print(f"| {data} | {decode} | {r['ips']:.0f} | {ratio} |")
+    if rep.get("profile"):
+        print("\n--decode device, each stage alone (ms per batch, median): " + ", ".join(
+            f"{k} {v:.1f}" for k, v in rep["profile"].items()))
+    for decode, accs in rep.get("accuracy", {}).items():
+        print(f"\ndigits as JPEGs, resnet18, --decode {decode}: final val_acc"
+              f" {', '.join(f'{v:.2f}%' for v in accs)}")
+
+
+if __name__ == "__main__":
+    main()
