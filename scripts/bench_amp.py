@@ -128,7 +128,7 @@ def div(a, b):
     return a / b if a is not None and b else None
 
 
-def main():
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="resnet50")
     p.add_argument("--batch-size", type=int, default=256)
@@ -151,56 +151,33 @@ def main():
                         " run) and print the combined tables and targets")
     p.add_argument("--device", default="cuda",
                    help="cuda (default); cpu only to smoke-test this script with a tiny model")
-    a = p.parse_args()
-    # As train_amp.main does, before anything reads HOME or the user name: started without the
-    # entrypoint as a UID with no passwd entry, Inductor's getpass.getuser() raises KeyError.
-    train_amp.writable_home()
-    if a.report:
-        merged = None
-        for f in a.report:
-            r = json.loads(pathlib.Path(f).read_text())
-            if merged is None:
-                merged = r
-                continue
-            merged["matrix"] += r["matrix"]
-            merged["skipped"] += r["skipped"]
-            merged["defaults"] = merged["defaults"] or r["defaults"]
-            merged["jpeg"] = merged["jpeg"] or r["jpeg"]
-        # A configuration one run skipped for time may have been measured by another.
-        done = {(m["precision"] if m["compile"] != "tuned" else "tuned", m["channels_last"],
-                 m["compile"]) for m in merged["matrix"]}
-        merged["skipped"] = [k for k in merged["skipped"] if _skipped_key(k) not in done]
-        print_report(merged)
-        return
-    try:  # build_model trusts the name: train_amp checks it once, in check_args
-        train_amp.check_model_name(a.model)
-    except train_amp.UsageError as e:
-        sys.exit(f"bench_amp.py: error: {e}")
-    if a.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("bench_amp.py needs a CUDA GPU (for CPU, see tests/test_train_amp.py)")
-    a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
-    parts = set(a.only.split(",")) if a.only else {"matrix-eager", "defaults", "jpeg",
-                                                  "matrix-compile", "tuned"}
-    t_start = time.perf_counter()
-    out = pathlib.Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"gpu": train_amp.device_name(a.dev), "torch": str(torch.__version__),
-              "cudnn": torch.backends.cudnn.version(), "model": a.model,
-              "batch_size": a.batch_size, "image_size": a.image_size, "steps": a.steps,
-              "matrix": [], "defaults": None, "jpeg": None, "skipped": []}
+    return p
 
-    def save():
-        report["elapsed_s"] = time.perf_counter() - t_start
-        out.write_text(json.dumps(report, indent=2))
 
-    def fits(cost):
-        return time.perf_counter() - t_start + cost <= a.budget_s
+def merge_reports(files):
+    """Several result files (e.g. an eager and a compile run) as one report."""
+    merged = None
+    for f in files:
+        r = json.loads(pathlib.Path(f).read_text())
+        if merged is None:
+            merged = r
+            continue
+        merged["matrix"] += r["matrix"]
+        merged["skipped"] += r["skipped"]
+        merged["defaults"] = merged["defaults"] or r["defaults"]
+        merged["jpeg"] = merged["jpeg"] or r["jpeg"]
+    # A configuration one run skipped for time may have been measured by another.
+    done = {(m["precision"] if m["compile"] != "tuned" else "tuned", m["channels_last"],
+             m["compile"]) for m in merged["matrix"]}
+    merged["skipped"] = [k for k in merged["skipped"] if _skipped_key(k) not in done]
+    return merged
 
-    common = ["--steps", str(a.steps), "--warmup-steps", str(a.warmup_steps)]
+
+def matrix_configs(a, parts):
+    """(name, amp, tf32, channels_last, compile) of every matrix row asked for, eager first."""
     configs = []
     for compile_ in (False, True):
-        part = "matrix-compile" if compile_ else "matrix-eager"
-        if part not in parts:
+        if ("matrix-compile" if compile_ else "matrix-eager") not in parts:
             continue
         # With compile, channels_last first: it is the layout Inductor prefers for convs.
         for cl in ((True, False) if compile_ else (False, True)):
@@ -208,71 +185,106 @@ def main():
                                       else PRECISIONS.items()):
                 if name in a.precisions.split(","):
                     configs.append((name, amp, tf32, cl, compile_))
-    print(f"# bench_amp: {a.model} batch {a.batch_size} on {report['gpu']}, torch"
-          f" {torch.__version__}", flush=True)
+    return configs
 
-    def matrix_row(name, amp, tf32, cl, compile_):
-        extra = [*common, "--amp", amp, "--channels-last", "on" if cl else "off"]
-        extra += ["--tf32"] if tf32 else []
-        extra += ["--compile", "on" if compile_ else "off"]
-        r = run_config(bench_args(a.model, a.batch_size, a.image_size, extra), a.dev)
-        r.update({"precision": name, "channels_last": cl, "compile": compile_})
-        report["matrix"].append(r)
-        save()
-        status = (f"{r['images_per_s']:8.0f} img/s  {fmt(r['peak_mem_gib'], '6.2f')} GiB"
-                  f"  (warm-up {r['warmup_s']:.0f} s)" if "error" not in r else r["error"])
-        print(f"  {name:12s} channels_last={cl!s:5} compile={compile_!s:5} {status}",
-              flush=True)
 
-    eager = [c for c in configs if not c[4]]
-    compiled = [c for c in configs if c[4]]
-    for c in eager:
-        if fits(EST_EAGER_S):
-            matrix_row(*c)
-        else:
-            report["skipped"].append(f"{c}: time budget")
+class Bench:
+    """One benchmark run: the report it fills, saved after every row, and the time budget."""
 
-    if "defaults" in parts and fits(EST_COMPILE_S):
-        # Exactly what a user gets with no flags: --amp, --channels-last and --compile auto.
-        r = run_config(bench_args(a.model, a.batch_size, a.image_size, common), a.dev)
-        report["defaults"] = r
-        save()
+    def __init__(self, a):
+        self.a, self.t_start, self.out = a, time.perf_counter(), pathlib.Path(a.out)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.common = ["--steps", str(a.steps), "--warmup-steps", str(a.warmup_steps)]
+        self.report = {"gpu": train_amp.device_name(a.dev), "torch": str(torch.__version__),
+                       "cudnn": torch.backends.cudnn.version(), "model": a.model,
+                       "batch_size": a.batch_size, "image_size": a.image_size,
+                       "steps": a.steps, "matrix": [], "defaults": None, "jpeg": None,
+                       "skipped": []}
+
+    def save(self):
+        self.report["elapsed_s"] = time.perf_counter() - self.t_start
+        self.out.write_text(json.dumps(self.report, indent=2))
+
+    def fits(self, cost):
+        return time.perf_counter() - self.t_start + cost <= self.a.budget_s
+
+    def run(self, extra):
+        a = self.a
+        return run_config(bench_args(a.model, a.batch_size, a.image_size, [*self.common, *extra]),
+                          a.dev)
+
+    def matrix_rows(self, configs, cost):
+        for name, amp, tf32, cl, compile_ in configs:
+            if not self.fits(cost):
+                self.report["skipped"].append(f"{(name, amp, tf32, cl, compile_)}: time budget")
+                print(f"  skipped {(name, amp, tf32, cl, compile_)}: time budget", flush=True)
+                continue
+            r = self.run(["--amp", amp, "--channels-last", on_off(cl), *(["--tf32"] if tf32 else []),
+                          "--compile", on_off(compile_)])
+            r.update({"precision": name, "channels_last": cl, "compile": compile_})
+            self.report["matrix"].append(r)
+            self.save()
+            status = (f"{r['images_per_s']:8.0f} img/s  {fmt(r['peak_mem_gib'], '6.2f')} GiB"
+                      f"  (warm-up {r['warmup_s']:.0f} s)" if "error" not in r else r["error"])
+            print(f"  {name:12s} channels_last={cl!s:5} compile={compile_!s:5} {status}",
+                  flush=True)
+
+    def defaults(self):
+        """Exactly what a user gets with no flags: --amp, --channels-last and --compile auto."""
+        r = self.report["defaults"] = self.run([])
+        self.save()
         print(f"  train_amp.py defaults -> amp={r.get('amp')} channels_last="
               f"{r.get('channels_last')} compile={r.get('compile')}"
               f" cudnn.benchmark={r.get('cudnn_benchmark')}:"
               f" {fmt(r.get('images_per_s'), '.0f')} img/s", flush=True)
 
-    if "jpeg" in parts and fits(90):
-        report["jpeg"] = bench_jpeg(a)
-        save()
+    def tuned(self):
+        """The defaults plus --compile tuned: the fastest configuration train_amp.py offers. Its
+        strict-FP32 pair is the compiled (untuned) FP32 row: tuning FP32 would cost another
+        five minutes of tuning for a baseline."""
+        if not self.fits(EST_TUNED_S):
+            self.report["skipped"].append("('tuned', 'auto', False, True, 'tuned'): time budget")
+            return
+        r = self.run(["--compile", "tuned"])
+        r.update({"precision": f"amp-{r.get('amp')}", "compile": "tuned"})
+        self.report["matrix"].append(r)
+        self.save()
+        print(f"  defaults + --compile tuned: {fmt(r.get('images_per_s'), '.0f')} img/s"
+              f" (warm-up {fmt(r.get('warmup_s'), '.0f')} s)", flush=True)
 
-    for c in compiled:
-        if fits(EST_COMPILE_S):
-            matrix_row(*c)
-        else:
-            report["skipped"].append(f"{c}: time budget")
-            print(f"  skipped {c}: time budget", flush=True)
+    def finish(self):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            print_report(self.report)
+        print(buf.getvalue(), end="")
+        self.out.with_suffix(".md").write_text(buf.getvalue())
+        self.save()
+
+
+def main():
+    a = build_parser().parse_args()
+    if a.report:
+        print_report(merge_reports(a.report))
+        return
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_amp.py needs a CUDA GPU (for CPU, see tests/test_train_amp.py)")
+    a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
+    parts = set(a.only.split(",")) if a.only else {"matrix-eager", "defaults", "jpeg",
+                                                  "matrix-compile", "tuned"}
+    bench = Bench(a)
+    configs = matrix_configs(a, parts)
+    print(f"# bench_amp: {a.model} batch {a.batch_size} on {bench.report['gpu']}, torch"
+          f" {torch.__version__}", flush=True)
+    bench.matrix_rows([c for c in configs if not c[4]], EST_EAGER_S)
+    if "defaults" in parts and bench.fits(EST_COMPILE_S):
+        bench.defaults()
+    if "jpeg" in parts and bench.fits(90):
+        bench.report["jpeg"] = bench_jpeg(a)
+        bench.save()
+    bench.matrix_rows([c for c in configs if c[4]], EST_COMPILE_S)
     if "tuned" in parts:
-        # The defaults plus --compile tuned: the fastest configuration train_amp.py offers.
-        # Its strict-FP32 pair is the compiled (untuned) FP32 row: tuning FP32 would cost
-        # another five minutes of tuning for a baseline.
-        if fits(EST_TUNED_S):
-            r = run_config(bench_args(a.model, a.batch_size, a.image_size,
-                                      [*common, "--compile", "tuned"]), a.dev)
-            r.update({"precision": f"amp-{r.get('amp')}", "compile": "tuned"})
-            report["matrix"].append(r)
-            save()
-            print(f"  defaults + --compile tuned: {fmt(r.get('images_per_s'), '.0f')} img/s"
-                  f" (warm-up {fmt(r.get('warmup_s'), '.0f')} s)", flush=True)
-        else:
-            report["skipped"].append("('tuned', 'auto', False, True, 'tuned'): time budget")
-    save()
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        print_report(report)
-    print(buf.getvalue(), end="")
-    out.with_suffix(".md").write_text(buf.getvalue())
-    save()
+        bench.tuned()
+    bench.finish()
 
 
 def bench_jpeg(a):

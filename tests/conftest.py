@@ -4,6 +4,8 @@ import json
 import os
 import pathlib
 import re
+import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -104,6 +106,37 @@ def wait_until(predicate, timeout, message, interval=0.25):
         time.sleep(interval)
 
 
+def wait_for_server(proc, url, log_path, timeout, what):
+    """Wait until GET `url` (a string, or a function giving one or None while unknown) answers
+    200 from the process `proc` started; fail with the tail of its log when it exits first or
+    does not answer within `timeout` s. For the real servers the tests start (registry, PyPI,
+    JupyterHub)."""
+    def answers():
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode}:\n{log_path.read_text()[-6000:]}")
+        target = url() if callable(url) else url
+        try:
+            return bool(target) and requests.get(target, timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+    wait_until(answers, timeout, lambda: f"{what} did not start:\n{log_path.read_text()[-6000:]}",
+               interval=0.2)
+
+
+def stop_process(proc, timeout=10, sig=signal.SIGTERM):
+    """Stop a server the tests started: `sig`, then SIGKILL (its whole session when it has one)
+    if it is still there after `timeout` s."""
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (PermissionError, ProcessLookupError):
+            proc.kill()
+        proc.wait()
+
+
 def _logs(container):
     return container.logs().decode(errors="replace")
 
@@ -172,29 +205,18 @@ def local_registry(docker_client, tmp_path):
     )
     log = open(tmp_path / "registry.log", "wb")  # noqa: SIM115 - closed after the process ends
     proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    address = None
+    log_path, address = tmp_path / "registry.log", None
+
+    def v2_url():
+        nonlocal address
+        bound = re.search(r'msg="listening on (127\.0\.0\.1:\d+)"', log_path.read_text())
+        address = bound and bound.group(1)
+        return address and f"http://{address}/v2/"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if address is None:
-                bound = re.search(r'msg="listening on (127\.0\.0\.1:\d+)"', (tmp_path / "registry.log").read_text())
-                address = bound and bound.group(1)
-            try:
-                if address and requests.get(f"http://{address}/v2/", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"registry did not start:\n{(tmp_path / 'registry.log').read_text()}")
-            time.sleep(0.2)
+        wait_for_server(proc, v2_url, log_path, 30, "registry")
         yield address
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
         for img in docker_client.images.list() if address else []:
             for ref in img.tags:

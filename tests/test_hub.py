@@ -14,8 +14,8 @@ import time
 
 import pytest
 import requests
-import websocket
-from conftest import ROOT
+from conftest import ROOT, stop_process, wait_for_server
+from test_jupyter import run_in_kernel
 
 CHP = ROOT / ".venv-test" / "npm" / "node_modules" / ".bin" / "configurable-http-proxy"
 TIMEOUT = 30
@@ -114,24 +114,10 @@ def hub(request, docker_client, image_ref, docker_network, tmp_path):
                             start_new_session=True)
     url = f"http://127.0.0.1:{cfg['port']}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if requests.get(f"{url}/hub/api", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"JupyterHub did not start:\n{log_path.read_text()[-6000:]}")
-            time.sleep(0.5)
+        wait_for_server(proc, f"{url}/hub/api", log_path, 90, "JupyterHub")
         yield {"url": url, "token": cfg["api_token"], "log": log_path, "prefix": cfg["prefix"]}
     finally:
-        proc.send_signal(signal.SIGTERM)  # the hub stops the servers it spawned and its proxy
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process(proc, timeout=60)  # SIGTERM: the hub stops the servers it spawned and its proxy
         log.close()
         pid_file = tmp_path / "proxy.pid"
         if pid_file.exists():
@@ -140,40 +126,6 @@ def hub(request, docker_client, image_ref, docker_network, tmp_path):
             except (ProcessLookupError, ValueError):
                 pass
         # Spawned containers still there are on docker_network: its teardown removes them.
-
-
-def run_in_kernel(base, token, code, timeout=180):
-    """Start a kernel through the (hub-proxied) REST API and run `code`; return its stdout. The
-    token goes in a header: jupyterhub-singleuser ignores ?token= in URLs (allow_token_in_url)."""
-    auth = {"Authorization": f"token {token}"}
-    r = requests.post(f"{base}/api/kernels", headers=auth, json={"name": "python3"}, timeout=TIMEOUT)
-    assert r.status_code == 201, f"starting a kernel should give 201, got {r.status_code}: {r.text}"
-    msg_id, session = secrets.token_hex(16), secrets.token_hex(16)
-    ws = websocket.create_connection(
-        base.replace("http://", "ws://") + f"/api/kernels/{r.json()['id']}/channels?session_id={session}",
-        header=[f"Authorization: token {token}"], timeout=timeout)
-    try:
-        ws.send(json.dumps({
-            "header": {"msg_id": msg_id, "session": session, "username": "test", "date": "",
-                       "msg_type": "execute_request", "version": "5.3"},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": code, "silent": False, "store_history": False,
-                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
-        }))
-        out, deadline = [], time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = json.loads(ws.recv())
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-            elif msg["msg_type"] == "error":
-                pytest.fail(f"kernel raised {msg['content']['ename']}: {msg['content']['evalue']}")
-            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                return "".join(out)
-        pytest.fail(f"kernel did not finish within {timeout}s; output so far: {''.join(out)!r}")
-    finally:
-        ws.close()
 
 
 def test_hub_spawns_the_image_and_its_lab_api_answers_through_the_proxy(hub, docker_client):

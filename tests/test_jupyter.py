@@ -26,14 +26,17 @@ def ws_url(base, path, token):
 
 
 def run_in_kernel(base, token, code, timeout=180):
-    """Start a kernel through the REST API, run `code` over its websocket; return its stdout."""
-    r = requests.post(f"{base}/api/kernels", headers={"Authorization": f"token {token}"},
-                      json={"name": "python3"}, timeout=TIMEOUT)
+    """Start a kernel through the REST API, run `code` over its websocket; return its stdout.
+    The token goes in a header, for the websocket too: jupyterhub-singleuser ignores ?token= in
+    URLs (allow_token_in_url), so tests/test_hub.py uses this through the hub's proxy as well."""
+    auth = {"Authorization": f"token {token}"}
+    r = requests.post(f"{base}/api/kernels", headers=auth, json={"name": "python3"}, timeout=TIMEOUT)
     assert r.status_code == 201, f"starting a kernel should give 201, got {r.status_code}: {r.text}"
     msg_id, session = uuid.uuid4().hex, uuid.uuid4().hex
     # session_id as JupyterLab sends it (Jupyter warns without one).
-    ws = websocket.create_connection(ws_url(base, f"/api/kernels/{r.json()['id']}/channels", token)
-                                     + f"&session_id={session}", timeout=timeout)
+    ws = websocket.create_connection(
+        base.replace("http://", "ws://") + f"/api/kernels/{r.json()['id']}/channels?session_id={session}",
+        header=[f"Authorization: token {token}"], timeout=timeout)
     try:
         ws.send(json.dumps({
             "header": {"msg_id": msg_id, "session": session, "username": "test", "date": "",

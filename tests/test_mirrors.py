@@ -13,13 +13,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import uuid
 import zipfile
 
 import pytest
-import requests
-from conftest import ROOT
+from conftest import ROOT, stop_process, wait_for_server
 
 MIRROR_VARS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "APT_MIRROR")
 PYPI_SERVER = pathlib.Path(sys.executable).parent / "pypi-server"
@@ -76,25 +74,12 @@ def pypi_server(tmp_path):
             procs.append(subprocess.Popen(
                 [str(PYPI_SERVER), "run", "-i", "127.0.0.1", "-p", str(port), "--disable-fallback",
                  "-v", "--log-stream", "stderr", str(packages)], stdout=out, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/simple/", timeout=2).status_code == 200:
-                    return port, log
-            except requests.ConnectionError:
-                pass
-            if procs[-1].poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"pypiserver did not start:\n{log.read_text()}")
-            time.sleep(0.2)
+        wait_for_server(procs[-1], f"http://127.0.0.1:{port}/simple/", log, 30, "pypiserver")
+        return port, log
 
     yield start
     for p in procs:
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop_process(p)
 
 
 def test_build_pip_steps_download_from_the_configured_index_and_trusted_extra_index(pypi_server, tmp_path):
