@@ -2235,20 +2235,20 @@ def benchmark(args, device, ranks=None):
     y = torch.randint(num_classes, (args.batch_size,), device=device)
     warm = args.warmup_steps if args.warmup_steps is not None else (20 if compiled else 10)
     steps = args.steps or 30
-    t0 = time.perf_counter()
-    for _ in range(warm):
-        loss, _ = train_step(model, x, y, optimizer, scaler, amp_dtype, args.grad_clip,
-                             device.type)
-    sync(device)
-    warm_s = time.perf_counter() - t0
+
+    def timed(n):
+        """n training steps, the device synchronised after: (last loss, seconds)."""
+        t0 = time.perf_counter()
+        for _ in range(n):
+            loss, _ = train_step(model, x, y, optimizer, scaler, amp_dtype, args.grad_clip,
+                                 device.type)
+        sync(device)
+        return loss, time.perf_counter() - t0
+
+    _, warm_s = timed(warm)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        loss, _ = train_step(model, x, y, optimizer, scaler, amp_dtype, args.grad_clip,
-                             device.type)
-    sync(device)
-    dt = time.perf_counter() - t0
+    loss, dt = timed(steps)
     loss_v = loss.item()
     return {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
             "amp": amp_name(amp_dtype), "tf32": args.tf32, "channels_last": channels_last,

@@ -821,16 +821,23 @@ def test_compile_tuned_turns_on_kernel_tuning_and_trains(run_in_image):
     assert SUMMARY.search(logs), f"no compiled epoch:\n{logs}"
 
 
+def run_repo_script(run_in_image, script):
+    """Run a bash line in the image with the repository's scripts/ at /repo/scripts (they are not
+    in the image); fail with the logs unless it exits 0. Returns the logs."""
+    code, logs = run_in_image(["bash", "-c", script], timeout=600,
+                              volumes={str(ROOT / "scripts"): {"bind": "/repo/scripts",
+                                                               "mode": "ro"}})
+    assert code == 0, f"{script.split()[1]} exited {code}:\n{logs}"
+    return logs
+
+
 def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
     """scripts/bench_amp.py (the GPU benchmark) should run its parts end to end: tiny on CPU."""
     script = ("python /repo/scripts/bench_amp.py --device cpu --model resnet18 --image-size 32"
               " --batch-size 8 --steps 1 --warmup-steps 1 --only matrix-eager,jpeg"
               " --precisions fp32-strict,amp-bf16 --jpeg-images 48 --jpeg-dir /tmp/jpegs"
               " --out /tmp/bench.json && cat /tmp/bench.json")
-    code, logs = run_in_image(["bash", "-c", script], timeout=600,
-                              volumes={str(ROOT / "scripts"): {"bind": "/repo/scripts",
-                                                               "mode": "ro"}})
-    assert code == 0, f"bench_amp.py exited {code}:\n{logs}"
+    logs = run_repo_script(run_in_image, script)
     assert "| amp-bf16 | on | off |" in logs and "### JPEG ImageFolder (48 images" in logs, logs
     report = json.loads(logs[logs.index("\n{") + 1:])
     assert len(report["matrix"]) == 4 and all(m["images_per_s"] > 0 for m in report["matrix"])
@@ -846,10 +853,7 @@ def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_imag
               " --batch-size 16 --images 64 --classes 4 --max-side 96 --epochs 2"
               " --rows synthetic,device,tar --jpeg-dir /tmp/bi --out /tmp/bi.json"
               " && cat /tmp/bi.json")
-    code, logs = run_in_image(["bash", "-c", script], timeout=600,
-                              volumes={str(ROOT / "scripts"): {"bind": "/repo/scripts",
-                                                               "mode": "ro"}})
-    assert code == 0, f"bench_input.py exited {code}:\n{logs}"
+    logs = run_repo_script(run_in_image, script)
     assert re.search(r"^\| JPEG ImageFolder \| device \| \d+ \| [\d.]+ \|$", logs,
                      re.MULTILINE), f"no JPEG row with a ratio:\n{logs}"
     report = json.loads(logs[logs.index("\n{") + 1:])
