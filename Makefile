@@ -31,6 +31,7 @@ PIP_INDEX_URL ?=## pip index for the build, e.g. https://pypi.tuna.tsinghua.edu.
 PIP_EXTRA_INDEX_URL ?=## more pip indexes for the build (space-separated)
 PIP_TRUSTED_HOST ?=## hosts pip may use without valid HTTPS during the build (space-separated)
 APT_MIRROR  ?=## scheme://host[/prefix] that replaces the apt sources' scheme://host for the build
+KEEP_MIRRORS ?=## 1: the image keeps the build's apt/pip mirrors for its users (their URLs are then in a layer)
 BUILD_OPTS  ?=## extra docker build flags, e.g. --network host (a mirror on this host's 127.0.0.1)
 MIRROR_VARS := PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST APT_MIRROR
 # Exported only when set (an empty PIP_INDEX_URL would mean "no index" to pip), so the secrets
@@ -74,6 +75,7 @@ build: ## Build the runtime image as $(REF)
 	$(DOCKER) build -f docker/Dockerfile --target runtime \
 	  $(shell python3 scripts/build_info.py build-args --docker $(ROW_ARG) $(BUILD_INFO_OPTS)) \
 	  $(if $(filter $(V_CUDA) $(V_CUDA).%,$(BASE_CUDA)),,--build-arg BASE_CUDA=$(BASE_CUDA)) \
+	  $(if $(filter 1,$(KEEP_MIRRORS)),--build-arg KEEP_MIRRORS=1) \
 	  $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) $(MIRROR_SECRETS) $(BUILD_OPTS) \
 	  -t $(REF) .
 

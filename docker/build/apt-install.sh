@@ -17,27 +17,14 @@ if [ ${#nvidia_sources[@]} -gt 0 ]; then rm -f -- "${nvidia_sources[@]}"; fi
 # replaces scheme://host of every source, for this build only: apt reads rewritten copies in a
 # temporary folder, so the image keeps the distribution's own sources.
 if [ -s /run/secrets/APT_MIRROR ]; then
-  mirror=$(cat /run/secrets/APT_MIRROR)
-  mirror=${mirror%/}
+  # shellcheck source=docker/build/mirror-lib.sh
+  . "$(dirname "$0")/mirror-lib.sh"
+  mirror=$(apt_mirror)
   build_sources=$(mktemp -d)
-  # `deb [opts] URI ...` (one-line format) and `URIs: URI` (deb822 .sources, Ubuntu 24.04 on).
-  rewrite() {
-    local line one='^(deb(-src)?[[:space:]]+(\[[^]]*\][[:space:]]+)?)[a-z+]+://[^/[:space:]]+(.*)$'
-    local deb822='^(URIs:[[:space:]]*)[a-z+]+://[^/[:space:]]+(.*)$'
-    while IFS= read -r line || [ -n "$line" ]; do
-      if [[ $line =~ $one ]]; then
-        printf '%s%s%s\n' "${BASH_REMATCH[1]}" "$mirror" "${BASH_REMATCH[4]}"
-      elif [[ $line =~ $deb822 ]]; then
-        printf '%s%s%s\n' "${BASH_REMATCH[1]}" "$mirror" "${BASH_REMATCH[2]}"
-      else
-        printf '%s\n' "$line"
-      fi
-    done
-  }
   mkdir "$build_sources/parts"
-  if [ -f /etc/apt/sources.list ]; then rewrite </etc/apt/sources.list >"$build_sources/sources.list"; fi
+  if [ -f /etc/apt/sources.list ]; then rewrite_sources "$mirror" </etc/apt/sources.list >"$build_sources/sources.list"; fi
   for f in /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-    if [ -f "$f" ]; then rewrite <"$f" >"$build_sources/parts/${f##*/}"; fi
+    if [ -f "$f" ]; then rewrite_sources "$mirror" <"$f" >"$build_sources/parts/${f##*/}"; fi
   done
   opts+=(-o "Dir::Etc::SourceList=$build_sources/sources.list" -o "Dir::Etc::SourceParts=$build_sources/parts")
   trap 'rm -rf "$build_sources"' EXIT
