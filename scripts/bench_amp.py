@@ -263,9 +263,16 @@ class Bench:
 
 def main():
     a = build_parser().parse_args()
+    # As train_amp.main does, before anything reads HOME or the user name: started without the
+    # entrypoint as a UID with no passwd entry, Inductor's getpass.getuser() raises KeyError.
+    train_amp.writable_home()
     if a.report:
         print_report(merge_reports(a.report))
         return
+    try:  # build_model trusts the name: train_amp checks it once, in check_args
+        train_amp.check_model_name(a.model)
+    except train_amp.UsageError as e:
+        sys.exit(f"bench_amp.py: error: {e}")
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_amp.py needs a CUDA GPU (for CPU, see tests/test_train_amp.py)")
     a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")

@@ -36,6 +36,11 @@ def make_build(*args, env=None, timeout=1500):
                           timeout=timeout)
 
 
+def fake_versions(version):
+    """docker build flags that replace the torch/torchvision/torchaudio versions make passes."""
+    return " ".join(f"--build-arg {a}_VERSION={version}" for a in ("TORCH", "TORCHVISION", "TORCHAUDIO"))
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -91,11 +96,11 @@ def test_build_pip_steps_download_from_the_configured_index_and_trusted_extra_in
     index_port, index_log = pypi_server("index", wheels)
     extra_port, extra_log = pypi_server("extra")
     result = make_build(
-        "IMAGE=team-dl-mirrortest", f"V_TORCH={version}", f"V_TORCHVISION={version}",
-        f"V_TORCHAUDIO={version}",
+        "IMAGE=team-dl-mirrortest",
         # The build's containers share the host's network to reach 127.0.0.1; the extra index is
-        # reached under a name that is not localhost.
-        f"BUILD_OPTS=--network=host --add-host={EXTRA_HOST}:127.0.0.1",
+        # reached under a name that is not localhost. BUILD_OPTS come after make's build args:
+        # docker takes the last value of a build arg given twice.
+        f"BUILD_OPTS=--network=host --add-host={EXTRA_HOST}:127.0.0.1 {fake_versions(version)}",
         env={"PIP_INDEX_URL": f"http://127.0.0.1:{index_port}/simple/",
              "PIP_EXTRA_INDEX_URL": f"http://{EXTRA_HOST}:{extra_port}/simple/",
              "PIP_TRUSTED_HOST": EXTRA_HOST})
@@ -118,7 +123,7 @@ def test_build_apt_fails_naming_an_unreachable_apt_mirror():
     mirror = "http://apt-mirror.invalid"  # RFC 2606: never resolves
     # --no-cache makes the apt step run; a torch version no index has stops a build that ignored
     # the mirror at the next step, instead of rebuilding the whole image.
-    result = make_build("IMAGE=team-dl-mirrortest", "BUILD_OPTS=--no-cache", "V_TORCH=0.0.0.post0.dev0",
+    result = make_build("IMAGE=team-dl-mirrortest", f"BUILD_OPTS=--no-cache {fake_versions('0.0.0.post0.dev0')}",
                         env={"APT_MIRROR": mirror}, timeout=900)
     out = result.stdout + result.stderr
     assert result.returncode != 0, f"the build ignored APT_MIRROR={mirror}:\n{out[-3000:]}"
