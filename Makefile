@@ -37,6 +37,9 @@ MIRROR_VARS := PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST APT_MIRROR
 # Exported only when set (an empty PIP_INDEX_URL would mean "no index" to pip), so the secrets
 # come from the environment and the values never appear on make's echoed command line.
 $(foreach v,$(MIRROR_VARS),$(if $($(v)),$(eval export $(v))))
+# KEEP_MIRRORS=1 writes the mirrors into a layer, but secrets are no part of the cache key: a
+# digest of their values is (in the build arg), so a changed mirror is never served from cache.
+MIRRORS_KEY = $(shell printf '%s|' $(foreach v,$(MIRROR_VARS),'$($(v))') | sha256sum | cut -c1-16)
 MIRROR_SECRETS = $(foreach v,$(MIRROR_VARS),$(if $($(v)),--secret id=$(v)$(,)env=$(v)))
 # The stand-in mirrors the default row's base (its CUDA_VERSION): every row builds on it, and
 # the build's base check then expects that CUDA instead of the row's (verify-versions.py).
@@ -75,7 +78,7 @@ build: ## Build the runtime image as $(REF)
 	$(DOCKER) build -f docker/Dockerfile --target runtime \
 	  $(shell python3 scripts/build_info.py build-args --docker $(ROW_ARG) $(BUILD_INFO_OPTS)) \
 	  $(if $(filter $(V_CUDA) $(V_CUDA).%,$(BASE_CUDA)),,--build-arg BASE_CUDA=$(BASE_CUDA)) \
-	  $(if $(filter 1,$(KEEP_MIRRORS)),--build-arg KEEP_MIRRORS=1) \
+	  $(if $(filter 1,$(KEEP_MIRRORS)),--build-arg KEEP_MIRRORS=1:$(MIRRORS_KEY)) \
 	  $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) $(MIRROR_SECRETS) $(BUILD_OPTS) \
 	  -t $(REF) .
 

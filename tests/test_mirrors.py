@@ -188,35 +188,35 @@ def test_mirror_credentials_are_in_no_history_entry_label_or_config(docker_clien
 def test_keep_mirrors_leaves_the_mirrors_configured_in_the_image_only_when_asked(run_in_image):
     """make build KEEP_MIRRORS=1 should leave apt's sources on the mirror (and apt should work
     through it) and pip's index settings in the venv's pip.conf, beside the version constraint;
-    the default image keeps neither."""
+    a second build with another index must keep that one (secrets are no cache key); the default
+    image keeps neither."""
     base = os.environ.get("BASE_IMAGE")
     if not base:
         pytest.skip("BASE_IMAGE is not set (make test sets it)")
     _, sources = run_in_image(["bash", "-c", "cat /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null"],
                               image=base, entrypoint=[], user="root")
     host = next(w.split("/")[2] for w in sources.split() if w.startswith("http://") and "nvidia" not in w)
-    mirrors = {"APT_MIRROR": f"http://{host}:80", "PIP_INDEX_URL": "http://pypi.mirror.test/simple",
-               "PIP_EXTRA_INDEX_URL": "http://extra.mirror.test/simple", "PIP_TRUSTED_HOST": "extra.mirror.test"}
     ref = "team-dl-mirrortest:keep"
-    # Cached up to the KEEP_MIRRORS step (secrets are not in the cache key): nothing is
-    # downloaded through the mirrors at build time; the step that keeps them runs.
-    result = make_build("IMAGE=team-dl-mirrortest", "TAG=keep", "KEEP_MIRRORS=1", env=mirrors)
-    try:
-        assert result.returncode == 0, f"the build failed:\n{(result.stdout + result.stderr)[-3000:]}"
-        assert "keep-mirrors.sh: the image keeps APT_MIRROR PIP_INDEX_URL" in result.stdout + result.stderr
-        script = ("grep -h '^deb\\|^URIs' /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null;"
-                  " apt-get update -qq && ls /var/lib/apt/lists/ && /opt/venv/bin/pip config list")
-        code, out = run_in_image(["bash", "-c", script], image=ref, entrypoint=[], user="root")
-        assert code == 0, f"apt/pip in the image with kept mirrors failed:\n{out[-3000:]}"
-        lists = [f for f in out.split() if f.endswith(("Release", "Packages"))]
-        assert lists and all(f.startswith(f"{host}:80_") for f in lists), f"apt did not use the kept mirror: {out}"
-        for line in ("global.index-url='http://pypi.mirror.test/simple'",
-                     "global.extra-index-url='http://extra.mirror.test/simple'",
-                     "global.trusted-host='extra.mirror.test'",
-                     "global.constraint='/opt/venv/etc/constraints.txt'"):
-            assert line in out, f"pip config lacks {line}:\n{out[-2000:]}"
-    finally:
-        subprocess.run(["/usr/bin/docker", "image", "rm", ref], capture_output=True, check=False)
+    # Cached up to the KEEP_MIRRORS step: nothing is downloaded through the mirrors at build time.
+    for index in (f"http://pypi-{uuid.uuid4().hex[:8]}.test/simple", f"http://pypi-{uuid.uuid4().hex[:8]}.test/simple"):
+        mirrors = {"APT_MIRROR": f"http://{host}:80", "PIP_INDEX_URL": index,
+                   "PIP_EXTRA_INDEX_URL": "http://extra.mirror.test/simple", "PIP_TRUSTED_HOST": "extra.mirror.test"}
+        result = make_build("IMAGE=team-dl-mirrortest", "TAG=keep", "KEEP_MIRRORS=1", env=mirrors)
+        try:
+            assert result.returncode == 0, f"the build failed:\n{(result.stdout + result.stderr)[-3000:]}"
+            script = ("grep -h '^deb\\|^URIs' /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null;"
+                      " apt-get update -qq && ls /var/lib/apt/lists/ && /opt/venv/bin/pip config list")
+            code, out = run_in_image(["bash", "-c", script], image=ref, entrypoint=[], user="root")
+            assert code == 0, f"apt/pip in the image with kept mirrors failed:\n{out[-3000:]}"
+            lists = [f for f in out.split() if f.endswith(("Release", "Packages"))]
+            assert lists and all(f.startswith(f"{host}:80_") for f in lists), f"apt did not use the kept mirror: {out}"
+            for line in (f"global.index-url='{index}'",
+                         "global.extra-index-url='http://extra.mirror.test/simple'",
+                         "global.trusted-host='extra.mirror.test'",
+                         "global.constraint='/opt/venv/etc/constraints.txt'"):
+                assert line in out, f"pip config lacks {line}:\n{out[-2000:]}"
+        finally:
+            subprocess.run(["/usr/bin/docker", "image", "rm", ref], capture_output=True, check=False)
     code, out = run_in_image(["bash", "-c", "/opt/venv/bin/pip config list; grep -rh ':80' /etc/apt/ || true"],
                              entrypoint=[], user="root")
     assert "index-url" not in out and ":80" not in out, f"the default image kept a mirror:\n{out}"
