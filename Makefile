@@ -165,7 +165,7 @@ PUBLISH_DIR ?= artifacts/publish## where make push/manifest write the publish re
 
 .PHONY: tags push manifest
 tags: ## Print the tags make push publishes: descriptive, sha-<sha>, then the moving ones
-	@printf '%s\n' $(TAG) sha-$(GIT_SHA)$(if $(FLAVOUR),-$(FLAVOUR)) $(MOVING_TAGS)
+	@printf '%s\n' $(TAG) "$$(python3 scripts/build_info.py sha-tag $(ROW_ARG) --sha $(GIT_SHA))" $(MOVING_TAGS)
 
 push: ## Push $(REF) to $(REGISTRY) under every tag, pull back by digest, verify (FORCE=1)
 	DOCKER=$(DOCKER) python3 scripts/push.py push --repository $(REGISTRY)/$(IMAGE) --tag $(TAG) \

@@ -49,7 +49,12 @@ def flavour(r):
 
 def sha_tag(r, sha):
     """The per-commit tag: sha-<sha>, or sha-<sha>-<row> for the rows other than the default."""
-    return f"sha-{sha}" + (f"-{flavour(r)}" if flavour(r) else "")
+    return flavoured_sha_tag(sha, flavour(r))
+
+
+def flavoured_sha_tag(sha, flavour_name):
+    """sha-<sha>[-<flavour>]: for callers that know the flavour but not the row (push.py)."""
+    return f"sha-{sha}" + (f"-{flavour_name}" if flavour_name else "")
 
 
 def main_tag(r):

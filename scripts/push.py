@@ -261,7 +261,7 @@ def main(argv):
     check_clean(worktree)
     sha = build_info.git_sha(worktree)  # clean: the sha the build wrote into its label
     # Every row is built from the same commit: the sha tag names the row too (build_info.sha_tag).
-    sha_tag = f"sha-{sha}" + (f"-{args.flavour}" if args.flavour else "")
+    sha_tag = build_info.flavoured_sha_tag(sha, args.flavour)
     immutable = [args.tag] + ([] if args.no_sha_tag else [sha_tag]) + args.extra_immutable.split()
     tags = immutable + args.moving.split()
 
