@@ -35,6 +35,12 @@ import torch.nn.functional as F
 import torchvision
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
+try:  # the GPU crop kernel (crop_to_batch); without Triton the roi_align path does that work
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
+
 # Imported as a module by scripts/bench_amp.py, tests/test_train_amp.py and
 # smoke_tests/test_train_amp.py, always the same way: the folder holding this file (the
 # repository root; /usr/local/bin in the image) first on sys.path, then `import train_amp`.
@@ -42,12 +48,13 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 # writable_home/build_parser/fill_defaults/check_model_name, times with benchmark and train
 # (a Ranks and a StopRequest), and its loader alone with ImageFolderData/collate_bytes;
 # bench_input.py also times the --decode device stages (decode_jpegs, random_crop_boxes,
-# batch_generator, crop_resize, normalise) and writes digits_split out as JPEGs; the tests call
+# batch_generator, crop_to_batch, crop_resize) and writes digits_split out as JPEGs; the tests call
 # main in-process, spy on build_model/train_step/load_checkpoint, step with make_optimizer, and
 # compare random_crop_boxes/decode_on_device/crop_resize with torchvision's CPU transforms.
 __all__ = [
     "ImageFolderData", "Ranks", "StopRequest", "UsageError", "batch_generator", "benchmark",
     "build_model", "build_parser", "check_model_name", "collate_bytes", "crop_resize",
+    "crop_to_batch",
     "decode_jpegs", "decode_on_device", "device_name", "digits_split", "fill_defaults",
     "load_checkpoint", "main", "make_optimizer", "normalise", "random_crop_boxes", "train",
     "train_step", "writable_home",
@@ -1228,6 +1235,64 @@ def crop_resize(imgs, boxes, size, dtype=None):
     return out
 
 
+# Threads per program of the fused crop kernel's grid (one program: BLOCK output pixels of one
+# image, all three channels).
+CROP_BLOCK = 256
+# False: crop_to_batch takes the roi_align path on a GPU too (scripts/bench_input.py compares).
+FUSED_CROP = True
+
+
+def use_fused_crop(device):
+    """Whether crop_to_batch runs the Triton kernel: on a GPU when Triton is there (the image
+    has it: torch.compile needs it), and on CPU only in Triton's interpreter (the tests)."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    return FUSED_CROP and triton is not None and (device.type == "cuda" or interpreted)
+
+
+def crop_to_batch(imgs, boxes, flip, size, channels_last):
+    """Crop boxes[i] (x1, y1, x2, y2) of each CHW uint8 image imgs[i], resize it to size x size,
+    mirror it where flip[i] (None: no flips), normalise -> one float32 (N, 3, size, size) batch
+    in the model's memory format. On a GPU all of it is one Triton kernel per batch that reads
+    the decoded images once and writes the batch once (the same samples as crop_resize's
+    roi_align, in float32); elsewhere crop_resize, a flip by index and normalise."""
+    device = imgs[0].device
+    if not use_fused_crop(device):
+        x = crop_resize(imgs, boxes, size)
+        if flip is not None:
+            # Flip by index: one select over the batch, not a flip kernel per image.
+            x = torch.where(to_dev(flip.view(-1, 1, 1, 1), device), x.flip(-1), x)
+        return normalise(x, device, channels_last)
+    n = len(imgs)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty((n, 3, size, size), dtype=torch.float32, device=device, memory_format=fmt)
+    mean, std = MEAN.flatten().tolist(), STD.flatten().tolist()
+    shift = [-m / s for m, s in zip(mean, std)]
+    scale = [1 / (255 * s) for s in std]
+    # Per image: where it starts in its group's buffer, height, width, flipped?
+    meta = torch.zeros(n, 4, dtype=torch.int64)
+    meta[:, 1:3] = torch.tensor([im.shape[-2:] for im in imgs], dtype=torch.int64)
+    if flip is not None:
+        meta[:, 3] = flip.to(torch.int64)
+    # The images of a group are concatenated into one buffer (one copy) for the kernel to
+    # index; groups bound the memory a batch of huge photos takes, as in crop_resize.
+    groups, first, elems = [], 0, 0
+    for i, im in enumerate(imgs):
+        if i > first and elems + im.numel() > PAD_GROUP_ELEMS:
+            groups.append((first, i))
+            first, elems = i, 0
+        meta[i, 0] = elems
+        elems += im.numel()
+    groups.append((first, n))
+    meta = to_dev(meta, device)
+    boxes = to_dev(torch.as_tensor(boxes, dtype=torch.float32).contiguous(), device)
+    for a, b in groups:
+        flat = torch.cat([im.reshape(-1) for im in imgs[a:b]])
+        grid = (b - a, triton.cdiv(size * size, CROP_BLOCK))
+        _crop_kernel[grid](flat, meta[a:b], boxes[a:b], out[a:b], *out.stride(), *shift, *scale,
+                           S=size, BLOCK=CROP_BLOCK)
+    return out
+
+
 def to_dev(t, device):
     """A small CPU tensor to the device without blocking the host: a copy from pageable memory
     first waits for everything queued on the stream; from pinned memory it is just queued."""
@@ -1240,11 +1305,13 @@ def batch_generator(seed):
     return torch.Generator().manual_seed(seed)
 
 
-def decode_on_device(packed, train, image_size, device, bad_images=None, gen=None):
+def decode_on_device(packed, train, image_size, device, bad_images=None, gen=None,
+                     channels_last=False):
     """--decode device: JPEG decode on the device (nvJPEG on a GPU, one batched call), then a
-    random resized crop + flip (train) or a centre crop (val) of the whole batch at once.
-    -> (images 0..255 as float16 on a GPU / float32 on CPU, indices of the batch's samples
-    they are): unreadable files go to bad_images. gen: the torch.Generator of the crops."""
+    random resized crop + flip (train) or a centre crop (val) of the whole batch at once,
+    normalised. -> (float32 images in the model's memory format, indices of the batch's
+    samples they are): unreadable files go to bad_images. gen: the torch.Generator of the
+    crops."""
     flat, lengths, paths, unread = packed
     datas = list(torch.split(flat, lengths.tolist()))
     imgs, keep, bad = decode_jpegs(datas, paths, device)
@@ -1253,17 +1320,14 @@ def decode_on_device(packed, train, image_size, device, bad_images=None, gen=Non
         raise BadImageError(f"no image of a batch of {len(unread) + len(bad)} could be read"
                             f" (the first: {(unread + bad)[0][0]}): check the data set")
     sizes = [im.shape[-2:] for im in imgs]
+    flip = None
     if train:
         gen = gen or batch_generator(random.getrandbits(62))
         boxes = random_crop_boxes(sizes, gen)
         flip = torch.rand(len(imgs), generator=gen) < 0.5
     else:
         boxes = centre_crop_boxes(sizes)
-    x = crop_resize(imgs, boxes, image_size)
-    if train:
-        # Flip by index: one select over the batch, not a flip kernel per image.
-        x = torch.where(to_dev(flip.view(-1, 1, 1, 1), device), x.flip(-1), x)
-    return x, keep
+    return crop_to_batch(imgs, boxes, flip, image_size, channels_last), keep
 
 
 def normalise(x, device, channels_last):
@@ -1279,6 +1343,82 @@ def normalise(x, device, channels_last):
 
 
 _NORM_AFFINE = {}
+
+
+if triton is not None:
+    @triton.jit
+    def _tap(base, off, wt, m):
+        return tl.load(base + off, mask=m, other=0).to(tl.float32) * wt
+
+    @triton.jit
+    def _crop_kernel(src, meta, boxes, out, s_n, s_c, s_y, s_x, shift0, shift1, shift2,
+                     scale0, scale1, scale2, S: tl.constexpr, BLOCK: tl.constexpr):
+        """crop_to_batch on a GPU. Program (n, k): output pixels k*BLOCK.. of image n. Each
+        output pixel averages a ceil(bin) x ceil(bin) grid of bilinear samples of its bin,
+        exactly as torchvision's roi_align(aligned=True, sampling_ratio=-1) does (an area
+        filter when shrinking, bilinear when enlarging), edges clamped as there."""
+        n = tl.program_id(0)
+        pix = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        valid = pix < S * S
+        oy = pix // S
+        ox = pix % S
+        start = tl.load(meta + 4 * n)
+        h = tl.load(meta + 4 * n + 1).to(tl.int32)
+        w = tl.load(meta + 4 * n + 2).to(tl.int32)
+        flip = tl.load(meta + 4 * n + 3)
+        hf, wf = h.to(tl.float32), w.to(tl.float32)
+        x1, y1 = tl.load(boxes + 4 * n), tl.load(boxes + 4 * n + 1)
+        x2, y2 = tl.load(boxes + 4 * n + 2), tl.load(boxes + 4 * n + 3)
+        sx = tl.where(flip != 0, S - 1 - ox, ox).to(tl.float32)
+        sy = oy.to(tl.float32)
+        bin_w, bin_h = (x2 - x1) / S, (y2 - y1) / S
+        gw = tl.maximum(tl.ceil(bin_w).to(tl.int32), 1)
+        gh = tl.maximum(tl.ceil(bin_h).to(tl.int32), 1)
+        plane = h.to(tl.int64) * w
+        c0 = src + start
+        c1 = c0 + plane
+        c2 = c1 + plane
+        acc0 = tl.zeros([BLOCK], tl.float32)
+        acc1 = tl.zeros([BLOCK], tl.float32)
+        acc2 = tl.zeros([BLOCK], tl.float32)
+        # while, not range(gh): Triton's interpreter (the CPU tests) cannot range over a
+        # loaded value.
+        iy = 0
+        while iy < gh:
+            y = y1 - 0.5 + sy * bin_h + (iy + 0.5) * bin_h / gh
+            yin = (y >= -1.0) & (y <= hf)
+            y = tl.maximum(y, 0.0)
+            ya = y.to(tl.int32)
+            top = ya >= h - 1
+            ya = tl.where(top, h - 1, ya)
+            yb = tl.where(top, h - 1, ya + 1)
+            ly = tl.where(top, 0.0, y - ya.to(tl.float32))
+            ix = 0
+            while ix < gw:
+                x = x1 - 0.5 + sx * bin_w + (ix + 0.5) * bin_w / gw
+                m = valid & yin & (x >= -1.0) & (x <= wf)
+                x = tl.maximum(x, 0.0)
+                xa = x.to(tl.int32)
+                right = xa >= w - 1
+                xa = tl.where(right, w - 1, xa)
+                xb = tl.where(right, w - 1, xa + 1)
+                lx = tl.where(right, 0.0, x - xa.to(tl.float32))
+                w00, w01 = (1 - ly) * (1 - lx), (1 - ly) * lx
+                w10, w11 = ly * (1 - lx), ly * lx
+                p00, p01, p10, p11 = ya * w + xa, ya * w + xb, yb * w + xa, yb * w + xb
+                acc0 += (_tap(c0, p00, w00, m) + _tap(c0, p01, w01, m)
+                         + _tap(c0, p10, w10, m) + _tap(c0, p11, w11, m))
+                acc1 += (_tap(c1, p00, w00, m) + _tap(c1, p01, w01, m)
+                         + _tap(c1, p10, w10, m) + _tap(c1, p11, w11, m))
+                acc2 += (_tap(c2, p00, w00, m) + _tap(c2, p01, w01, m)
+                         + _tap(c2, p10, w10, m) + _tap(c2, p11, w11, m))
+                ix += 1
+            iy += 1
+        count = (gh * gw).to(tl.float32)
+        dst = out + n * s_n + oy * s_y + ox * s_x
+        tl.store(dst, acc0 / count * scale0 + shift0, mask=valid)
+        tl.store(dst + s_c, acc1 / count * scale1 + shift1, mask=valid)
+        tl.store(dst + 2 * s_c, acc2 / count * scale2 + shift2, mask=valid)
 # Batches decoded ahead of training on the GPU: enough to ride out one slow batch.
 PREFETCH_BATCHES = 3
 
@@ -1300,9 +1440,9 @@ class DeviceBatches:
     def prepare(self, k, x, y):
         gen = batch_generator(self.seed * 1_000_003 + k) if self.train else None
         x, keep = decode_on_device(x, self.train, self.image_size, self.device,
-                                   self.bad_images, gen)
+                                   self.bad_images, gen, self.channels_last)
         y = y[list(keep)] if len(keep) != len(y) else y
-        return normalise(x, self.device, self.channels_last), y.to(self.device, non_blocking=True)
+        return x, y.to(self.device, non_blocking=True)
 
     def __iter__(self):
         if self.device.type != "cuda":
@@ -1408,9 +1548,10 @@ def to_device(x, y, sample_format, image_size, device, channels_last, train=True
             raise BadImageError(f"no image of a batch of {len(bad)} could be read (the first:"
                                 f" {bad[0][0]}): check the data set")
     if sample_format is SampleFormat.JPEG_BYTES:
-        x, keep = decode_on_device(x, train, image_size, device, bad_images)
+        x, keep = decode_on_device(x, train, image_size, device, bad_images,
+                                   channels_last=channels_last)
         y = y[list(keep)] if len(keep) != len(y) else y
-        return normalise(x, device, channels_last), y.to(device, non_blocking=True)
+        return x, y.to(device, non_blocking=True)
     if sample_format is SampleFormat.ON_DEVICE:
         return x, y
     y = y.to(device, non_blocking=True)

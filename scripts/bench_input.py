@@ -155,15 +155,18 @@ def profile_device_path(a, folder, batches=12):
     loader = torch.utils.data.DataLoader(data.train, batch_size=a.batch_size, shuffle=True,
                                          num_workers=8, collate_fn=train_amp.collate_bytes,
                                          pin_memory=a.device == "cuda", drop_last=True)
-    times = {"read (loader, host)": [], "decode (nvJPEG)": [], "crop+resize+flip": [],
-             "normalise": []}
+    fused = train_amp.use_fused_crop(a.dev)
+    crops = {"crop+resize+flip+normalise" + (" (Triton kernel)" if fused else ""): fused}
+    if fused:
+        crops["the same by roi_align, flip, normalise"] = False
+    times = {"read (loader, host)": [], "decode (nvJPEG)": [], **{k: [] for k in crops}}
 
     def sync():
         if a.device == "cuda":
             torch.cuda.synchronize()
 
     it = iter(loader)
-    for k in range(batches + 2):
+    for k in range(min(batches + 2, len(loader))):
         t0 = time.perf_counter()
         (flat, lengths, paths, _), _labels = next(it)
         t1 = time.perf_counter()
@@ -173,16 +176,17 @@ def profile_device_path(a, folder, batches=12):
         t2 = time.perf_counter()
         gen = train_amp.batch_generator(k)
         boxes = train_amp.random_crop_boxes([im.shape[-2:] for im in imgs], gen)
-        x = train_amp.crop_resize(imgs, boxes, a.image_size)
-        x = torch.where((torch.rand(len(imgs), generator=gen) < 0.5).view(-1, 1, 1, 1).to(a.dev),
-                        x.flip(-1), x)
-        sync()
-        t3 = time.perf_counter()
-        train_amp.normalise(x, a.dev, True)
-        sync()
-        t4 = time.perf_counter()
+        flip = torch.rand(len(imgs), generator=gen) < 0.5
+        spent = [t1 - t0, t2 - t1]
+        for use_fused in crops.values():
+            train_amp.FUSED_CROP = use_fused
+            t3 = time.perf_counter()
+            train_amp.crop_to_batch(imgs, boxes, flip, a.image_size, True)
+            sync()
+            spent.append(time.perf_counter() - t3)
+        train_amp.FUSED_CROP = True
         if k >= 2:
-            for name, v in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            for name, v in zip(times, spent):
                 times[name].append(1000 * v)
     prof = {k: statistics.median(v) for k, v in times.items()}
     print("  device path per batch (ms, median): " + ", ".join(
@@ -202,8 +206,9 @@ def main():
                    help="epochs per row; the figure is the median of epochs 2.. (default 5)")
     p.add_argument("--rows", default="synthetic,workers,device,auto,tar",
                    help="comma list: synthetic, workers, workers-all (one worker per core but"
-                        " one), device, auto (no --decode: what the default picks), tar (the"
-                        " JPEGs as tar shards, default decode)")
+                        " one), device, device-roi (device with the crop by roi_align instead"
+                        " of the Triton kernel), auto (no --decode: what the default picks), tar"
+                        " (the JPEGs as tar shards, default decode)")
     p.add_argument("--jpeg-dir", default="/tmp/bench_input")
     p.add_argument("--out", default="bench_input.json")
     p.add_argument("--device", default="cuda", help="cuda (default); cpu: smoke test only")
@@ -245,6 +250,7 @@ def main():
         "workers-all": (str(folder), ["--decode", "workers", "--num-workers",
                                       str(max(1, cpus - 1))]),
         "device": (str(folder), ["--decode", "device"]),
+        "device-roi": (str(folder), ["--decode", "device"]),
         "auto": (str(folder), []),
         "tar": (str(pathlib.Path(a.jpeg_dir) / "shards"), []),
     }
@@ -252,7 +258,9 @@ def main():
         rep["profile"] = profile_device_path(a, folder)
     for name in rows:
         data, extra = plan[name]
+        train_amp.FUSED_CROP = name != "device-roi"
         rep["rows"].append(run(name, a, data, extra))
+        train_amp.FUSED_CROP = True
         pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
     if a.accuracy:
         rep["accuracy"] = digits_accuracy(a, pathlib.Path(a.jpeg_dir) / "digits")
@@ -282,6 +290,8 @@ def print_report(rep):
             decode = f"auto -> {decode}"
         if r["label"] == "workers-all":
             decode += f" ({rep['cpus'] - 1} workers)"
+        if r["label"] == "device-roi":
+            decode += " (crop by roi_align)"
         if "error" in r:
             print(f"| {data} | {decode} | error: {r['error'][:80]} | |")
             continue

@@ -747,6 +747,52 @@ def test_device_augmentation_has_the_cpu_paths_crop_and_flip_statistics(run_in_i
     assert r["resize_mean_abs_diff"] < 1.0, f"resize filter differs (0-255 scale): {r}"
 
 
+# The GPU path's fused Triton kernel (crop_to_batch) against the roi_align path it replaces,
+# run by Triton's interpreter on CPU: shrinking (several samples per output pixel), enlarging,
+# a crop touching the edges, flips, both memory formats, and batches split into groups.
+FUSED_CROP = r"""
+import json, sys, torch
+sys.path.insert(0, "/usr/local/bin")
+import train_amp
+
+assert train_amp.use_fused_crop(torch.device("cpu")), "Triton's interpreter is not in use"
+gen = torch.Generator().manual_seed(0)
+shapes = [(37, 50), (64, 33), (20, 90), (12, 12), (90, 70), (8, 200)]
+imgs = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen) for h, w in shapes]
+boxes = train_amp.random_crop_boxes(shapes, gen)
+boxes[0] = torch.tensor([0., 0., 50., 37.])  # the whole image: samples on every edge
+flip = torch.rand(len(imgs), generator=gen) < 0.5
+flip[:2] = torch.tensor([True, False])
+worst, one_group = {}, train_amp.PAD_GROUP_ELEMS
+for channels_last in (False, True):
+    for group_elems in (one_group, 3 * 40 * 60):
+        train_amp.PAD_GROUP_ELEMS = group_elems
+        for size in (16, 24):
+            train_amp.FUSED_CROP = True
+            fused = train_amp.crop_to_batch(imgs, boxes, flip, size, channels_last)
+            train_amp.FUSED_CROP = False
+            ref = train_amp.crop_to_batch(imgs, boxes, flip, size, channels_last)
+            key = f"cl={channels_last} groups={group_elems} size={size}"
+            assert fused.is_contiguous(memory_format=torch.channels_last if channels_last
+                                       else torch.contiguous_format), key
+            worst[key] = (fused - ref).abs().max().item()
+print(json.dumps(worst))
+"""
+
+
+def test_gpu_crop_kernel_matches_the_roi_align_path(run_in_image):
+    """The Triton kernel that crops, resizes, flips and normalises a whole batch on the GPU
+    should compute what roi_align + flip + normalise compute (run here in Triton's CPU
+    interpreter, so a wrong index, flip or filter shows on a CPU host)."""
+    code, logs = run_in_image(["python3", "-c", FUSED_CROP], timeout=300,
+                              environment={"TRITON_INTERPRET": "1"})
+    assert code == 0, f"exited {code}:\n{logs}"
+    worst = json.loads(logs.strip().splitlines()[-1])
+    # Normalised units (1/255 of a channel is ~0.017): float rounding only.
+    bad = {k: v for k, v in worst.items() if v > 1e-4}
+    assert not bad, f"the fused crop differs from roi_align + flip + normalise: {bad}"
+
+
 MAKE_SHARDS = r"""
 import io, pathlib, tarfile
 for split in ("train", "val"):
