@@ -4,6 +4,7 @@ the weights and the optimizer untouched, and training must go on with finite wei
 Guards a real failure: torch 2.11's fused SGD advanced its momentum on skipped steps, so the
 routine first-step overflow turned every weight into NaN (LibreYOLO/libreyolo#771)."""
 import importlib
+import math
 import pathlib
 import sys
 
@@ -46,3 +47,59 @@ def test_train_amp_fp16_overflow_step_is_skipped_and_training_stays_finite():
         loss, _ = ta.train_step(net, x, y, opt, scaler, torch.float16, 1.0, "cuda")
     assert all(torch.isfinite(p).all() for p in net.parameters()), "weights went non-finite after a skipped step"
     assert loss.item() < first, f"loss should fall after the skipped step: {first:.4f} -> {loss.item():.4f}"
+
+
+@pytest.mark.gpus(1)
+def test_gpu_crop_kernel_matches_roi_align_on_the_gpu():
+    """--decode device's Triton kernel (crop, resize, flip, normalise of a whole batch) should
+    compute on the GPU what roi_align + flip + normalise compute, at photo sizes."""
+    ta = _train_amp()
+    dev = torch.device("cuda", 0)
+    assert ta.use_fused_crop(dev), "Triton is missing: --decode device falls back to roi_align"
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(375, 500), (640, 427), (333, 640), (500, 500), (120, 90), (1200, 900)] * 4
+    imgs = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen).to(dev)
+            for h, w in shapes]
+    boxes = ta.random_crop_boxes(shapes, gen)
+    flip = torch.rand(len(imgs), generator=gen) < 0.5
+    fused = ta.crop_to_batch(imgs, boxes, flip, 224, True)
+    ta.FUSED_CROP = False
+    try:
+        ref = ta.crop_to_batch(imgs, boxes, flip, 224, True)
+    finally:
+        ta.FUSED_CROP = True
+    diff = (fused - ref).abs()
+    # The roi_align path computes in float16 (0..255 rounded to 1/8 above 128): that, not the
+    # kernel, bounds the difference; a wrong sample, weight or flip differs by whole levels.
+    assert diff.mean().item() < 2e-3 and diff.max().item() < 0.05, (
+        f"fused crop vs roi_align: mean {diff.mean().item():.5f}, max {diff.max().item():.5f}")
+
+
+@pytest.mark.gpus(1)
+def test_train_amp_decode_device_trains_whole_epochs_and_counts_bad_files_per_epoch(tmp_path):
+    """train_amp --decode device should train several epochs from JPEGs on the GPU with one
+    producer thread running ahead across epoch ends, validate, and count a skipped unreadable
+    file in each epoch it belongs to (not in the epoch that was training when it was decoded)."""
+    from PIL import Image
+    ta = _train_amp()
+    gen = torch.Generator().manual_seed(0)
+    for split, n in (("train", 63), ("val", 16)):
+        for i in range(n):
+            d = tmp_path / split / f"class{i % 2}"
+            d.mkdir(parents=True, exist_ok=True)
+            px = torch.randint(0, 256, (96 + i % 7 * 9, 128, 3), dtype=torch.uint8, generator=gen)
+            Image.fromarray(px.numpy()).save(d / f"{i:03d}.jpg", quality=90)
+    (tmp_path / "train" / "class0" / "truncated.jpg").write_bytes(
+        (tmp_path / "train" / "class0" / "000.jpg").read_bytes()[:100])
+    args = ta.build_parser().parse_args([
+        "--data", str(tmp_path), "--decode", "device", "--model", "resnet18", "--image-size",
+        "64", "--batch-size", "16", "--epochs", "3", "--compile", "off", "--skip-bad-images",
+        "--checkpoint-dir", "", "--progress", "none"])
+    ta.fill_defaults(args)
+    r = ta.train(args, ta.Ranks(), torch.device("cuda", 0), ta.StopRequest())
+    hist = r["history"]
+    assert [h["epoch"] for h in hist] == [1, 2, 3], hist
+    assert [h["steps"] for h in hist] == [4, 4, 4], hist
+    assert [h["skipped_images"] for h in hist] == [1, 1, 1], (
+        f"each epoch reads the truncated file once: {[h['skipped_images'] for h in hist]}")
+    assert all(math.isfinite(h["train_loss"]) and "val_acc" in h for h in hist), hist
