@@ -48,14 +48,15 @@ except ImportError:
 # writable_home/build_parser/fill_defaults/check_model_name, times with benchmark and train
 # (a Ranks and a StopRequest), and its loader alone with ImageFolderData/collate_bytes;
 # bench_input.py also times the --decode device stages (decode_jpegs, random_crop_boxes,
-# batch_generator, crop_to_batch, crop_resize) and writes digits_split out as JPEGs; the tests call
-# main in-process, spy on build_model/train_step/load_checkpoint, step with make_optimizer, and
-# compare random_crop_boxes/decode_on_device/crop_resize with torchvision's CPU transforms.
+# batch_generator, crop_to_batch, FUSED_CROP) and writes digits_split out as JPEGs; the tests
+# call main in-process, spy on build_model/train_step/load_checkpoint, step with make_optimizer,
+# compare random_crop_boxes/decode_on_device/crop_resize with torchvision's CPU transforms and
+# crop_to_batch's kernel with its roi_align path (use_fused_crop, PAD_GROUP_ELEMS).
 __all__ = [
     "ImageFolderData", "Ranks", "StopRequest", "UsageError", "batch_generator", "benchmark",
     "build_model", "build_parser", "check_model_name", "collate_bytes", "crop_resize",
-    "crop_to_batch",
-    "decode_jpegs", "decode_on_device", "device_name", "digits_split", "fill_defaults",
+    "crop_to_batch", "decode_jpegs", "decode_on_device", "device_name", "digits_split",
+    "fill_defaults",
     "load_checkpoint", "main", "make_optimizer", "normalise", "random_crop_boxes", "train",
     "train_step", "writable_home",
 ]
@@ -1268,26 +1269,23 @@ def crop_to_batch(imgs, boxes, flip, size, channels_last):
     mean, std = MEAN.flatten().tolist(), STD.flatten().tolist()
     shift = [-m / s for m, s in zip(mean, std)]
     scale = [1 / (255 * s) for s in std]
-    # Per image: where it starts in its group's buffer, height, width, flipped? (Vectorised:
-    # this runs on the thread that shares the GIL with the training loop.)
+    # Per image: where it starts in its group's buffer, height, width, flipped? Built whole,
+    # not element by element: this runs on the thread that shares the GIL with training.
     meta = torch.zeros(n, 4, dtype=torch.int64)
     meta[:, 1:3] = torch.tensor([im.shape[-2:] for im in imgs], dtype=torch.int64)
     if flip is not None:
         meta[:, 3] = flip.to(torch.int64)
     # The images of a group are concatenated into one buffer (one copy) for the kernel to
     # index; groups bound the memory a batch of huge photos takes, as in crop_resize.
-    numel = 3 * meta[:, 1] * meta[:, 2]
-    ends = torch.cumsum(numel, 0)
-    groups = [(0, n)]
-    if ends[-1] > PAD_GROUP_ELEMS:
-        groups, first = [], 0
-        for i, end in enumerate(ends.tolist()):
-            if i > first and end - ends[first - 1].item() * (first > 0) > PAD_GROUP_ELEMS:
-                groups.append((first, i))
-                first = i
-        groups.append((first, n))
-    for a, b in groups:
-        meta[a:b, 0] = ends[a:b] - numel[a:b] - (ends[a - 1] if a else 0)
+    groups, first, elems, starts = [], 0, 0, []
+    for i, numel in enumerate((3 * meta[:, 1] * meta[:, 2]).tolist()):
+        if i > first and elems + numel > PAD_GROUP_ELEMS:
+            groups.append((first, i))
+            first, elems = i, 0
+        starts.append(elems)
+        elems += numel
+    groups.append((first, n))
+    meta[:, 0] = torch.tensor(starts, dtype=torch.int64)
     meta = to_dev(meta, device)
     boxes = to_dev(torch.as_tensor(boxes, dtype=torch.float32).contiguous(), device)
     for a, b in groups:
