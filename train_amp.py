@@ -1354,6 +1354,16 @@ if triton is not None:
         return tl.load(base + off, mask=m, other=0).to(tl.float32) * wt
 
     @triton.jit
+    def _edge(pos, size):
+        """roi_align's bilinear sample along one axis of `size` pixels: -> (the pixel at or
+        before pos, the one after, the weight of the one after); clamped to the edge pixel."""
+        pos = tl.maximum(pos, 0.0)
+        lo = pos.to(tl.int32)
+        last = lo >= size - 1
+        lo = tl.where(last, size - 1, lo)
+        return lo, tl.where(last, size - 1, lo + 1), tl.where(last, 0.0, pos - lo.to(tl.float32))
+
+    @triton.jit
     def _crop_kernel(src, meta, boxes, out, s_n, s_c, s_y, s_x, shift0, shift1, shift2,
                      scale0, scale1, scale2, S: tl.constexpr, BLOCK: tl.constexpr):
         """crop_to_batch on a GPU. Program (n, k): output pixels k*BLOCK.. of image n. Each
@@ -1390,22 +1400,12 @@ if triton is not None:
         while iy < gh:
             y = y1 - 0.5 + sy * bin_h + (iy + 0.5) * bin_h / gh
             yin = (y >= -1.0) & (y <= hf)
-            y = tl.maximum(y, 0.0)
-            ya = y.to(tl.int32)
-            top = ya >= h - 1
-            ya = tl.where(top, h - 1, ya)
-            yb = tl.where(top, h - 1, ya + 1)
-            ly = tl.where(top, 0.0, y - ya.to(tl.float32))
+            ya, yb, ly = _edge(y, h)
             ix = 0
             while ix < gw:
                 x = x1 - 0.5 + sx * bin_w + (ix + 0.5) * bin_w / gw
                 m = valid & yin & (x >= -1.0) & (x <= wf)
-                x = tl.maximum(x, 0.0)
-                xa = x.to(tl.int32)
-                right = xa >= w - 1
-                xa = tl.where(right, w - 1, xa)
-                xb = tl.where(right, w - 1, xa + 1)
-                lx = tl.where(right, 0.0, x - xa.to(tl.float32))
+                xa, xb, lx = _edge(x, w)
                 w00, w01 = (1 - ly) * (1 - lx), (1 - ly) * lx
                 w10, w11 = ly * (1 - lx), ly * lx
                 p00, p01, p10, p11 = ya * w + xa, ya * w + xb, yb * w + xa, yb * w + xb
