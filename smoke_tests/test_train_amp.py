@@ -63,16 +63,15 @@ def test_gpu_crop_kernel_matches_roi_align_on_the_gpu():
     boxes = ta.random_crop_boxes(shapes, gen)
     flip = torch.rand(len(imgs), generator=gen) < 0.5
     fused = ta.crop_to_batch(imgs, boxes, flip, 224, True)
-    ta.FUSED_CROP = False
-    try:
-        ref = ta.crop_to_batch(imgs, boxes, flip, 224, True)
-    finally:
-        ta.FUSED_CROP = True
+    # The roi_align path in float32 (on a GPU it runs in float16, whose sample positions are
+    # off by up to half a pixel in a 1200 px photo: too coarse to compare noise images with).
+    ref = ta.crop_resize(imgs, boxes, 224, dtype=torch.float32)
+    ref = ta.normalise(torch.where(flip.view(-1, 1, 1, 1).to(dev), ref.flip(-1), ref), dev, True)
     diff = (fused - ref).abs()
-    # The roi_align path computes in float16 (0..255 rounded to 1/8 above 128): that, not the
-    # kernel, bounds the difference; a wrong sample, weight or flip differs by whole levels.
-    assert diff.mean().item() < 2e-3 and diff.max().item() < 0.05, (
-        f"fused crop vs roi_align: mean {diff.mean().item():.5f}, max {diff.max().item():.5f}")
+    # Float rounding only (one level of 255 is ~0.017 after normalising); a wrong sample,
+    # weight or flip differs by many levels.
+    assert diff.max().item() < 2e-3, (
+        f"fused crop vs roi_align: mean {diff.mean().item():.6f}, max {diff.max().item():.6f}")
 
 
 @pytest.mark.gpus(1)
