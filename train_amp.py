@@ -789,6 +789,8 @@ class SampleFormat(enum.Enum):
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+# Normalising 0..255 images is one affine map per channel: x * UINT8_SCALE + UINT8_SHIFT.
+UINT8_SHIFT, UINT8_SCALE = -MEAN / STD, 1 / (255 * STD)
 _NORM = {}  # device -> (mean, std): a copy from pageable memory per step would stall the GPU
 
 
@@ -1266,9 +1268,7 @@ def crop_to_batch(imgs, boxes, flip, size, channels_last):
     n = len(imgs)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.empty((n, 3, size, size), dtype=torch.float32, device=device, memory_format=fmt)
-    mean, std = MEAN.flatten().tolist(), STD.flatten().tolist()
-    shift = [-m / s for m, s in zip(mean, std)]
-    scale = [1 / (255 * s) for s in std]
+    shift, scale = UINT8_SHIFT.flatten().tolist(), UINT8_SCALE.flatten().tolist()
     # Per image: where it starts in its group's buffer, height, width, flipped? Built whole,
     # not element by element: this runs on the thread that shares the GIL with training.
     meta = torch.zeros(n, 4, dtype=torch.int64)
@@ -1336,9 +1336,8 @@ def decode_on_device(packed, train, image_size, device, bad_images=None, gen=Non
 def normalise(x, device, channels_last):
     """uint8-range images -> (x / 255 - mean) / std as float32, in the model's memory format:
     one fused kernel (addcmul into a tensor that already has the layout)."""
-    mean, std = _norm_on(device)
     if device not in _NORM_AFFINE:
-        _NORM_AFFINE[device] = (-mean / std, 1 / (255 * std))
+        _NORM_AFFINE[device] = (UINT8_SHIFT.to(device), UINT8_SCALE.to(device))
     shift, scale = _NORM_AFFINE[device]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.empty(x.shape, dtype=torch.float32, device=device, memory_format=fmt)

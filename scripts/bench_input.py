@@ -35,6 +35,9 @@ import train_amp
 
 # The device-gil row's thread switch interval (Python's default: 5 ms).
 GIL_SWITCH_S = 0.0005
+# The ablation rows: the device path with one thing changed (row_settings), as the report says.
+ABLATIONS = {"device-roi": " (crop by roi_align)",
+             "device-gil": f" (switch interval {GIL_SWITCH_S * 1000:g} ms)"}
 # What a user of ImageNet-like data has: 333-640 px photos, about 90 KB each at quality 90.
 MIN_SIDE, MAX_SIDE, NOISE = 333, 640, 14
 
@@ -83,6 +86,21 @@ def make_shards(folder, out, per_shard=1024):
                 info = tarfile.TarInfo(f"{key}.cls")
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
+
+
+@contextlib.contextmanager
+def row_settings(name):
+    """What an ablation row changes, for the length of the row: device-roi crops by roi_align
+    instead of the Triton kernel, device-gil shortens Python's thread switch interval."""
+    switch = sys.getswitchinterval()
+    train_amp.FUSED_CROP = name != "device-roi"
+    if name == "device-gil":
+        sys.setswitchinterval(GIL_SWITCH_S)
+    try:
+        yield
+    finally:
+        train_amp.FUSED_CROP = True
+        sys.setswitchinterval(switch)
 
 
 def run(label, a, data, extra=()):
@@ -255,8 +273,7 @@ def main():
         "workers-all": (str(folder), ["--decode", "workers", "--num-workers",
                                       str(max(1, cpus - 1))]),
         "device": (str(folder), ["--decode", "device"]),
-        "device-roi": (str(folder), ["--decode", "device"]),
-        "device-gil": (str(folder), ["--decode", "device"]),
+        **{name: (str(folder), ["--decode", "device"]) for name in ABLATIONS},
         "auto": (str(folder), []),
         "tar": (str(pathlib.Path(a.jpeg_dir) / "shards"), []),
     }
@@ -264,13 +281,8 @@ def main():
         rep["profile"] = profile_device_path(a, folder)
     for name in rows:
         data, extra = plan[name]
-        train_amp.FUSED_CROP = name != "device-roi"
-        switch = sys.getswitchinterval()
-        if name == "device-gil":
-            sys.setswitchinterval(GIL_SWITCH_S)
-        rep["rows"].append(run(name, a, data, extra))
-        train_amp.FUSED_CROP = True
-        sys.setswitchinterval(switch)
+        with row_settings(name):
+            rep["rows"].append(run(name, a, data, extra))
         pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
     if a.accuracy:
         rep["accuracy"] = digits_accuracy(a, pathlib.Path(a.jpeg_dir) / "digits")
@@ -300,10 +312,7 @@ def print_report(rep):
             decode = f"auto -> {decode}"
         if r["label"] == "workers-all":
             decode += f" ({rep['cpus'] - 1} workers)"
-        if r["label"] == "device-roi":
-            decode += " (crop by roi_align)"
-        if r["label"] == "device-gil":
-            decode += f" (switch interval {GIL_SWITCH_S * 1000:g} ms)"
+        decode += ABLATIONS.get(r["label"], "")
         if "error" in r:
             print(f"| {data} | {decode} | error: {r['error'][:80]} | |")
             continue
