@@ -5,6 +5,7 @@ measures what AMP buys on this machine: FP32 vs AMP, as a table, JSON and a PNG 
 import argparse
 import collections
 import contextlib
+import copy
 import dataclasses
 import datetime
 import difflib
@@ -27,6 +28,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import typing
 
 import numpy as np
 import torch
@@ -51,14 +53,17 @@ except ImportError:
 # batch_generator, crop_to_batch, FUSED_CROP) and writes digits_split out as JPEGs; the tests
 # call main in-process, spy on build_model/train_step/load_checkpoint, step with make_optimizer,
 # compare random_crop_boxes/decode_on_device/crop_resize with torchvision's CPU transforms and
-# crop_to_batch's kernel with its roi_align path (use_fused_crop, PAD_GROUP_ELEMS).
+# crop_to_batch's kernel with its roi_align path (use_fused_crop, PAD_GROUP_ELEMS), the
+# workers' share of the decoding with the device's (CollateBytes, BadImages), one loader pass
+# for the job (Trainer, its sampler and train_set), and CUDA graphs (wrap_model, build_model).
 __all__ = [
-    "ImageFolderData", "Ranks", "StopRequest", "UsageError", "batch_generator", "benchmark",
+    "BadImages", "CollateBytes", "ImageFolderData", "Ranks", "StopRequest", "Trainer",
+    "UsageError", "batch_generator", "benchmark",
     "build_model", "build_parser", "check_model_name", "collate_bytes", "crop_resize",
     "crop_to_batch", "decode_jpegs", "decode_on_device", "device_name", "digits_split",
     "fill_defaults",
     "load_checkpoint", "main", "make_optimizer", "normalise", "random_crop_boxes", "train",
-    "train_step", "writable_home",
+    "train_step", "wrap_model", "writable_home",
 ]
 
 PROG = "train_amp.py"
@@ -213,6 +218,13 @@ def build_parser():
                         " training). auto: device on a GPU with fewer than"
                         f" {CORES_FOR_WORKER_DECODE} CPU cores per GPU when all files are"
                         " JPEGs, else workers; the first line says which (default: auto)")
+    g.add_argument("--decode-cpu-share", type=finite_float(0, False, "--decode-cpu-share 0.3"),
+                   default=DECODE_CPU_SHARE, metavar="FRACTION",
+                   help="--decode device: the share of each batch the DataLoader workers decode"
+                        " on the CPU while the GPU decodes the rest (nvJPEG sets the pace"
+                        " beside a busy GPU; the workers otherwise only read files), e.g. 0.3"
+                        " with --num-workers 12 on 16 cores; 0: the GPU decodes all (default:"
+                        f" {DECODE_CPU_SHARE:g})")
     g.add_argument("--skip-bad-images", action="store_true",
                    help="ImageFolder: skip files that cannot be read or decoded (each named once"
                         " in a warning; the count is in every epoch's summary line) instead of"
@@ -261,6 +273,14 @@ def build_parser():
                         " minutes the first time (cached in TORCHINDUCTOR_CACHE_DIR: the image's CACHE_DIR),"
                         " then about 6%% faster (ResNet-50 AMP on an H200: 7,100 images/s)"
                         " (default: auto; bare flag = on)")
+    g.add_argument("--cuda-graphs", nargs="?", const="on", default="off", choices=("on", "off"),
+                   help="replay the compiled model's forward and backward as CUDA graphs"
+                        " (torch.compile's reduce-overhead: two launches a step instead of"
+                        " ~900 kernels); needs --compile, one GPU, one process. Helps models"
+                        " whose steps are too short to hide the launches; off by default: on an"
+                        " H200 ResNet-50 from synthetic data gained 1-3%%, and --decode device"
+                        " lost 10%% (the model then leaves no gaps for the decoder's kernels)"
+                        " (default: off; bare flag = on)")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="(default: auto = cuda if available)")
     g.add_argument("--dist-timeout", type=positive_int, default=1800, metavar="SECONDS",
@@ -693,20 +713,46 @@ def use_channels_last(args, device, net):
         args.channels_last == "auto" and device.type == "cuda" and is_conv_net(net))
 
 
+def use_cuda_graphs(args, device, ranks, compiled):
+    """--cuda-graphs on: checked, it needs what it replays. Not with DDP: its bucketed
+    all-reduce splits the compiled graph and runs between the pieces, untested here."""
+    if args.cuda_graphs != "on":
+        return False
+    if not (compiled and device.type == "cuda"):
+        raise UsageError("--cuda-graphs replays the compiled model on a GPU: it needs --compile"
+                         " and a CUDA device; drop --cuda-graphs")
+    if ranks.enabled:
+        raise UsageError("--cuda-graphs is for one process on one GPU (with DDP's all-reduce it"
+                         " is untested): drop --cuda-graphs")
+    return True
+
+
 def wrap_model(net, args, device, ranks):
-    """DDP when distributed, then torch.compile when on: (the model to call, compiled?)."""
+    """DDP when distributed, then torch.compile when on: (the model to call, compiled?,
+    CUDA graphs?)."""
     model = net
     if ranks.enabled:
         model = torch.nn.parallel.DistributedDataParallel(
             net, device_ids=[device.index] if device.type == "cuda" else None)
     compiled = use_compile(args, device)
+    graphs = use_cuda_graphs(args, device, ranks, compiled)
     if compiled:
         # Inductor reads its config when it compiles, at the first call: set it either way so
         # one process (scripts/bench_amp.py) can run tuned and untuned configurations in turn.
         # Coordinate descent re-times each generated kernel's block sizes around the
         # heuristic's pick; on ResNet-50 that speeds up the BatchNorm/ReLU kernels.
         inductor_config().coordinate_descent_tuning = args.compile == "tuned"
-    return (torch.compile(model) if compiled else model), compiled
+        # CUDA graphs (what mode="reduce-overhead" sets): one replay instead of launching
+        # ~940 kernels a step from Python.
+        inductor_config().triton.cudagraphs = graphs
+    return (torch.compile(model) if compiled else model), compiled, graphs
+
+
+def cuda_graph_skips():
+    """How often Inductor compiled a graph without CUDA graphs although asked (say a mutated
+    input): it logs why only under TORCH_LOGS=perf_hints and runs on, slower. Process-wide."""
+    from torch._dynamo.utils import counters
+    return counters["inductor"].get("cudagraph_skips", 0)
 
 
 def inductor_config():
@@ -897,16 +943,59 @@ class FileBytes(Dataset):
             return BadSample(path, error_text(e))
 
 
-def collate_bytes(batch):
-    """((flat bytes, lengths, paths, bad), labels): the paths name a file that fails to decode
-    on the device; unreadable files are left out and listed in bad."""
-    # One flat tensor + lengths: a worker hands the main process one shared-memory block per
-    # batch; a list of 256 small tensors would need 256 file descriptors ("Bad file descriptor").
-    good, bad = split_bad(batch)
-    lengths = torch.tensor([len(b[0]) for b in good], dtype=torch.int64)
-    flat = torch.cat([b[0] for b in good]) if good else torch.zeros(0, dtype=torch.uint8)
-    return ((flat, lengths, [b[2] for b in good], bad),
-            torch.tensor([b[1] for b in good], dtype=torch.int64))
+class JpegBatch(typing.NamedTuple):
+    """A --decode device batch from the loader. flat/lengths: the files nvJPEG decodes, one
+    flat uint8 tensor; paths: theirs, to name one that fails; unread: [(path, reason)] of files
+    that could not be read. pixels/shapes: the images the workers decoded already (CHW uint8,
+    one flat tensor, and their heights and widths); they come first in the batch's order."""
+    flat: torch.Tensor
+    lengths: torch.Tensor
+    paths: list
+    unread: list
+    pixels: torch.Tensor = torch.zeros(0, dtype=torch.uint8)
+    shapes: torch.Tensor = torch.zeros(0, 2, dtype=torch.int64)
+
+
+class CollateBytes:
+    """collate_fn of --decode device: (JpegBatch, labels). Runs in the DataLoader workers, and
+    there decodes the first cpu_share of each batch's files on the CPU (libjpeg-turbo), so that
+    nvJPEG gets fewer: on an H200 its batch of 256 took 15.5 ms alone but 24-45 ms beside the
+    training, the pace-setter of the whole pipeline, while the workers only read files. A file
+    the CPU cannot decode stays bytes: nvJPEG decodes it or names it."""
+
+    def __init__(self, cpu_share=0.0):
+        self.cpu_share = cpu_share
+
+    def __call__(self, batch):
+        # One flat tensor (+ lengths or shapes) each: a worker hands the main process one
+        # shared-memory block apiece; 256 small tensors would need 256 file descriptors.
+        good, bad = split_bad(batch)
+        decoded, files, on_cpu = [], [], round(self.cpu_share * len(good))
+        for i, sample in enumerate(good):
+            img = cpu_decode(sample[0]) if i < on_cpu else None
+            (files if img is None else decoded).append((img, sample))
+        order = decoded + files
+        flat = (torch.cat([s[0] for _, s in files]) if files
+                else torch.zeros(0, dtype=torch.uint8))
+        pixels = (torch.cat([im.reshape(-1) for im, _ in decoded]) if decoded
+                  else torch.zeros(0, dtype=torch.uint8))
+        packed = JpegBatch(
+            flat, torch.tensor([len(s[0]) for _, s in files], dtype=torch.int64),
+            [s[2] for _, s in files], bad, pixels,
+            torch.tensor([im.shape[-2:] for im, _ in decoded], dtype=torch.int64).reshape(-1, 2))
+        return packed, torch.tensor([s[1] for _, s in order], dtype=torch.int64)
+
+
+collate_bytes = CollateBytes()  # the GPU decodes every file
+
+
+def cpu_decode(data):
+    """JPEG bytes -> CHW uint8 RGB image on the CPU, or None when it cannot be decoded."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+    try:
+        return decode_jpeg(data, mode=ImageReadMode.RGB)
+    except RuntimeError:
+        return None
 
 
 class BadImages:
@@ -1079,6 +1168,9 @@ class ImageFolderData:
         self.val = FileBytes(self.val) if self.val is not None else None
 
 
+# --decode device: the share of each batch the DataLoader workers decode on the CPU
+# (CollateBytes). 0 until measured a win over whole epochs (README: input pipeline).
+DECODE_CPU_SHARE = 0.0
 # CPU cores per GPU at which --decode auto lets the DataLoader workers decode: below it they
 # cannot keep an H200 training ResNet-50 with AMP busy (README, input pipeline: 15 workers
 # decoded + augmented 2,473 ImageNet-like JPEGs/s, ~165 per core; the GPU trains 6,648/s).
@@ -1315,9 +1407,18 @@ def decode_on_device(packed, train, image_size, device, bad_images=None, gen=Non
     normalised. -> (float32 images in the model's memory format, indices of the batch's
     samples they are): unreadable files go to bad_images. gen: the torch.Generator of the
     crops."""
-    flat, lengths, paths, unread = packed
-    datas = list(torch.split(flat, lengths.tolist()))
-    imgs, keep, bad = decode_jpegs(datas, paths, device)
+    b = JpegBatch(*packed)
+    imgs, keep, bad = [], [], []
+    if len(b.lengths):
+        imgs, keep, bad = decode_jpegs(list(torch.split(b.flat, b.lengths.tolist())), b.paths,
+                                       device)
+    if len(b.shapes):  # the images the workers decoded come first
+        pixels = b.pixels.to(device, non_blocking=True)  # pinned by the loader: queued
+        hw = b.shapes.tolist()
+        imgs = [p.view(3, h, w) for p, (h, w) in zip(
+            torch.split(pixels, [3 * h * w for h, w in hw]), hw)] + list(imgs)
+        keep = list(range(len(hw))) + [len(hw) + k for k in keep]
+    unread = b.unread
     (BadImages() if bad_images is None else bad_images).report(unread + bad)
     if not imgs:
         raise BadImageError(f"no image of a batch of {len(unread) + len(bad)} could be read"
@@ -1434,23 +1535,49 @@ class PendingBadImages(list):
         self.extend(bad)
 
 
+class PlanBatches:
+    """Batch sampler over every pass of a job: the batches of its (epoch, first batch) passes
+    one after the other, as the trainer's loader gives each epoch (the sampler's order for that
+    epoch, from batch `first`, whole batches only), so that one DataLoader iteration spans the
+    job and its workers read on across epoch ends. A new iteration per epoch restarted them:
+    the next epoch's first batches came late (about 0.1-0.2 s an epoch on an H200, 0.4 s when
+    the workers also decode). Each pass draws its order from a copy of the sampler: the trainer
+    sets the epoch on its own one, maybe while this runs ahead. lengths: batches per pass."""
+
+    def __init__(self, sampler, batch_size, plan):
+        self.sampler, self.batch_size, self.plan = sampler, batch_size, list(plan)
+        self.lengths = [(self.sampler.num_samples - first * batch_size) // batch_size
+                        for _, first in self.plan]
+
+    def __iter__(self):
+        for (epoch, first), n in zip(self.plan, self.lengths):
+            sampler = copy.copy(self.sampler)
+            sampler.set_epoch(epoch)
+            sampler.start = first * self.batch_size
+            order = list(sampler)
+            for b in range(n):
+                yield order[b * self.batch_size:(b + 1) * self.batch_size]
+
+    def __len__(self):
+        return sum(self.lengths)
+
+
 class DeviceBatches:
     """--decode device batches, decoded, augmented and normalised on the GPU by one thread of
     their own up to PREFETCH_BATCHES ahead, on a side CUDA stream: decode and crop overlap the
-    model and the training loop never waits for them on the host. plan: the passes over the
-    loader, in order, as (epoch, first batch); the thread goes from one pass straight on to the
-    next, so an epoch starts with its first batches ready (restarting the loader's workers
-    and the first decode at every epoch start cost ~0.25 s an epoch on an H200, 15% of an
-    8,192-image epoch). set_order(epoch, first) sets the loader's order before a pass (the
-    trainer's sampler and worker seeds). The crops of batch k of epoch e come from a generator
-    seeded with (seed, e, k): the same whatever the prefetch depth, and a resumed epoch draws
-    what the uninterrupted one drew. Iterating the object itself makes its (single) pass."""
+    model and the training loop never waits for them on the host. The thread iterates the
+    loader once; plan: the passes it makes of it, in order, as (epoch, first batch, batches);
+    it goes from one pass straight on to the next, so an epoch starts with its first batches
+    ready (PlanBatches makes such a loader for the whole job). The crops of batch k of epoch e
+    come from a generator seeded with (seed, e, k): the same whatever the prefetch depth, and a
+    resumed epoch draws what the uninterrupted one drew. Iterating the object itself makes its
+    (single) pass."""
 
     def __init__(self, loader, image_size, device, channels_last, train, bad_images,
-                 plan=((0, 0),), set_order=None, seed=0):
+                 plan=None, seed=0):
         self.loader, self.image_size, self.device = loader, image_size, device
         self.channels_last, self.train, self.bad_images = channels_last, train, bad_images
-        self.plan, self.set_order, self.seed = list(plan), set_order, seed
+        self.plan, self.seed = list(plan or [(0, 0, len(loader))]), seed
         self.queue, self.stopping, self.worker, self.inline = None, threading.Event(), None, None
 
     def prepare(self, epoch, k, x, y):
@@ -1464,10 +1591,9 @@ class DeviceBatches:
 
     def passes(self):
         """(epoch, batch or None at the end of its pass) for every pass of the plan."""
-        for epoch, first in self.plan:
-            if self.set_order is not None:
-                self.set_order(epoch, first)
-            for k, (x, y) in enumerate(self.loader, first):
+        batches = iter(self.loader)
+        for epoch, first, n in self.plan:
+            for k, (x, y) in zip(range(first, first + n), batches):
                 yield epoch, self.prepare(epoch, k, x, y)
             yield epoch, None
 
@@ -1576,7 +1702,7 @@ def default_workers(sample_format, local_world=1):
     """DataLoader workers when --num-workers is not given: none for in-memory data; for
     decoding in the workers every core of this process's share but one (on an H200 with 16
     cores, 15 workers trained at 2,473 images/s, 8 at 1,642); for --decode device, where they
-    only read files, up to 8."""
+    only read files (and decode --decode-cpu-share of them), up to 8."""
     cores = max(1, (os.cpu_count() or 2) // max(1, local_world))
     if sample_format is SampleFormat.LOW_RES:
         return 0
@@ -1642,9 +1768,13 @@ def autocast(device_type, amp_dtype):
     return torch.autocast(device_type, dtype=amp_dtype)
 
 
-def train_step(model, x, y, optimizer, scaler, amp_dtype, grad_clip, device_type):
+def train_step(model, x, y, optimizer, scaler, amp_dtype, grad_clip, device_type, graphs=False):
     """autocast forward; then scale -> backward -> unscale_ -> clip_grad_norm_ -> step -> update.
-    With bf16 or FP32 the scaler is disabled and those calls are pass-throughs."""
+    With bf16 or FP32 the scaler is disabled and those calls are pass-throughs. graphs: the
+    model replays CUDA graphs, whose outputs (the logits, the gradients) the next step's replay
+    overwrites: only what this step computed from them is kept (loss, argmax, the update)."""
+    if graphs:
+        torch.compiler.cudagraph_mark_step_begin()
     with autocast(device_type, amp_dtype):
         logits = logits_of(model(x))
         # The loss in FP32: log-softmax over 16-bit logits loses the small probabilities.
@@ -1683,8 +1813,14 @@ def make_scheduler(optimizer, warmup, total):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def peak_mem_gib(device):
-    return torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
+def peak_mem_gib(device, graphs=False):
+    """Peak GPU memory since the last reset. With CUDA graphs the activations live in the
+    graphs' private pool, which the allocated figure leaves out once recorded (ResNet-50: 0.65
+    GiB instead of 10.5): then the reserved figure, which holds the pool."""
+    if device.type != "cuda":
+        return None
+    return (torch.cuda.max_memory_reserved(device) if graphs
+            else torch.cuda.max_memory_allocated(device)) / GiB
 
 
 def sync(device):
@@ -2120,7 +2256,7 @@ class Trainer:
         # Where the job stands: the next step to run, and what the steps so far measured.
         self.start_epoch, self.start_step, self.global_step, self.history = 0, 0, 0, []
         self.epoch_sums = empty_epoch_sums()
-        self.model, self.compiled, self.tensorboard = None, False, None
+        self.model, self.compiled, self.graphs, self.tensorboard = None, False, False, None
         self.device_batches = None  # the --decode device pipeline, made at the first epoch
 
     # -- set-up
@@ -2154,7 +2290,7 @@ class Trainer:
                      "persistent_workers": workers > 0, "generator": self.loader_gen}
         if workers > 0:
             loader_kw["prefetch_factor"] = 4
-        collate = {SampleFormat.JPEG_BYTES: collate_bytes,
+        collate = {SampleFormat.JPEG_BYTES: CollateBytes(args.decode_cpu_share),
                    SampleFormat.DECODED: collate_images}.get(self.sample_format)
         if collate:
             loader_kw["collate_fn"] = collate
@@ -2237,20 +2373,27 @@ class Trainer:
         if self.args.resume and not self.resume():
             return {"config": self.config, "history": self.history,
                     "final": self.history[-1] if self.history else {}, "already_done": True}
-        self.model, self.compiled = wrap_model(self.net, self.args, self.device, self.ranks)
+        self.model, self.compiled, self.graphs = wrap_model(self.net, self.args, self.device,
+                                                            self.ranks)
         self.tensorboard = open_tensorboard(self.args, self.ranks)
         try:
             self._log_start()
             self.net.train()
+            skips = cuda_graph_skips() if self.graphs else 0
             for epoch in range(self.start_epoch, self.epochs):
                 self.run_epoch(epoch)
+                if self.graphs and cuda_graph_skips() > skips:
+                    self.graphs = False  # Inductor compiled the model without them
+                    self.ranks.print_on_main(
+                        "note: Inductor ran the model without CUDA graphs (TORCH_LOGS=perf_hints"
+                        " says why); training goes on, slower")
         finally:
             if self.device_batches is not None:
                 self.device_batches.close()
             if self.tensorboard is not None:
                 self.tensorboard.close()
         return {"config": self.config, "channels_last": self.channels_last,
-                "compile": self.compiled, "tf32": self.args.tf32,
+                "compile": self.compiled, "cuda_graphs": self.graphs, "tf32": self.args.tf32,
                 "device": device_name(self.device), "history": self.history,
                 "final": self.history[-1]}
 
@@ -2295,8 +2438,7 @@ class Trainer:
         return first
 
     def _set_order(self, epoch, first):
-        """The loader's order for an epoch from batch `first` on (also called by DeviceBatches'
-        thread, ahead of the epoch: it sets the same values)."""
+        """The loader's order for an epoch from batch `first` on."""
         self.sampler.set_epoch(epoch)
         self.sampler.start = first * self.args.batch_size
         self.loader_gen.manual_seed(self.args.seed * 1000 + epoch)
@@ -2310,16 +2452,25 @@ class Trainer:
         if self.device_batches is None:
             plan = [(self.start_epoch, self.start_step)] + [
                 (e, 0) for e in range(self.start_epoch + 1, self.epochs)]
+            batches = PlanBatches(self.sampler, self.args.batch_size, plan)
+            loader = self.loader
+            # The trainer's loader, but one iteration for the whole job (PlanBatches).
+            job_loader = DataLoader(
+                loader.dataset, batch_sampler=batches, num_workers=loader.num_workers,
+                collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
+                generator=self.loader_gen)
             self.device_batches = DeviceBatches(
-                self.loader, self.args.image_size, self.device, self.channels_last, True,
-                self.bad_images, plan, self._set_order, self.args.seed)
+                job_loader, self.args.image_size, self.device, self.channels_last, True,
+                self.bad_images, [(e, f, n) for (e, f), n in zip(plan, batches.lengths)],
+                self.args.seed)
         return self.device_batches.epoch(epoch), SampleFormat.ON_DEVICE
 
     def _train_batch(self, x, y, meter, batch_format):
         x, y = to_device(x, y, batch_format, self.args.image_size, self.device,
                          self.channels_last, bad_images=self.bad_images)
         loss, logits = train_step(self.model, x, y, self.optimizer, self.scaler, self.amp_dtype,
-                                  self.args.grad_clip, self.device.type)
+                                  self.args.grad_clip, self.device.type, self.graphs)
         self.guard.update(loss)
         self.scheduler.step()
         self.global_step += 1
@@ -2350,7 +2501,7 @@ class Trainer:
                   "train_loss": sums["loss"] / max(sums["seen"], 1),
                   "train_acc": 100.0 * sums["correct"] / max(sums["seen"], 1),
                   "epoch_time_s": sums["time"], "images_per_s": images_per_s,
-                  "peak_mem_gib": peak_mem_gib(self.device)}
+                  "peak_mem_gib": peak_mem_gib(self.device, self.graphs)}
         val_skipped = 0
         if self.val_loader is not None:
             record["val_loss"], record["val_acc"], val_skipped = evaluate(
@@ -2370,14 +2521,15 @@ class Trainer:
             f" world_size={self.ranks.world} batch={args.batch_size}/process amp={amp}"
             f"{' (auto)' if args.amp == 'auto' else ''} grad_scaler={self.scaler.is_enabled()}"
             f" channels_last={self.channels_last} compile={self.compiled}"
-            f"{' (tuned)' if self.compiled and tuning_on() else ''} tf32={args.tf32}"
+            f"{' (tuned)' if self.compiled and tuning_on() else ''}"
+            f" cuda_graphs={self.graphs} tf32={args.tf32}"
             f" steps/epoch={self.steps_per_epoch} total_steps={self.total} lr={self.lr:g}")
 
     def _log_progress(self, progress, step, meter):
         # .item() waits for the GPU: only here, every --log-every steps.
         steps, ips = meter.take_log_window(self.global_batch)
         loss = meter.last_loss.item()
-        progress.update(step, steps, loss, ips, peak_mem_gib(self.device))
+        progress.update(step, steps, loss, ips, peak_mem_gib(self.device, self.graphs))
         if self.tensorboard is not None:
             self.tensorboard.add_scalar("train/loss", loss, self.global_step)
             self.tensorboard.add_scalar("train/images_per_s", ips, self.global_step)
@@ -2427,7 +2579,8 @@ def benchmark(args, device, ranks=None):
     channels_last = use_channels_last(args, device, net)
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
-    model, compiled = wrap_model(net, args, device, ranks)
+    model, compiled, graphs = wrap_model(net, args, device, ranks)
+    skips = cuda_graph_skips() if graphs else 0
     optimizer = make_optimizer(net, args, 0.1 * args.batch_size / 256, device, amp_dtype)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
@@ -2441,7 +2594,7 @@ def benchmark(args, device, ranks=None):
         t0 = time.perf_counter()
         for _ in range(n):
             loss, _ = train_step(model, x, y, optimizer, scaler, amp_dtype, args.grad_clip,
-                                 device.type)
+                                 device.type, graphs)
         sync(device)
         return loss, time.perf_counter() - t0
 
@@ -2453,11 +2606,12 @@ def benchmark(args, device, ranks=None):
     return {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
             "amp": amp_name(amp_dtype), "tf32": args.tf32, "channels_last": channels_last,
             "compile": compiled, "compile_tuned": compiled and tuning_on(),
+            "cuda_graphs": graphs and cuda_graph_skips() == skips,
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "device": device_name(device), "world_size": ranks.world,
             "images_per_s": steps * args.batch_size * ranks.world / dt,
             "step_ms": 1000 * dt / steps, "warmup_s": warm_s, "measured_steps": steps,
-            "peak_mem_gib": peak_mem_gib(device),
+            "peak_mem_gib": peak_mem_gib(device, graphs),
             "peak_reserved_gib": (torch.cuda.max_memory_reserved(device) / GiB
                                   if device.type == "cuda" else None),
             "loss_is_finite": math.isfinite(loss_v),
@@ -2577,6 +2731,9 @@ def check_args(args, ranks):
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1 (e.g."
                          " --batch-size 64)")
+    if args.decode_cpu_share > 1:
+        raise UsageError(f"--decode-cpu-share {args.decode_cpu_share:g}: a share of the batch,"
+                         " from 0 to 1 (e.g. --decode-cpu-share 0.3)")
     if args.benchmark and args.compare:
         raise UsageError("--benchmark and --compare are separate modes: pick one")
     if args.overwrite and args.resume == "auto":
@@ -2587,6 +2744,8 @@ def check_args(args, ranks):
         raise UsageError("--resume without a path needs --checkpoint-dir")
     device = pick_device(args, ranks)
     resolve_amp(args.amp, device)  # --amp fp16 on CPU, bf16 on a GPU without it
+    if args.cuda_graphs == "on":  # needs --compile and a GPU, one process
+        use_cuda_graphs(args, device, ranks, use_compile(args, device))
     if args.compile in ("on", "tuned"):
         check_compiler(device)
     if args.data not in ("synthetic", "digits") and not os.path.isdir(args.data):

@@ -35,9 +35,16 @@ import train_amp
 
 # The device-gil row's thread switch interval (Python's default: 5 ms).
 GIL_SWITCH_S = 0.0005
-# The ablation rows: the device path with one thing changed (row_settings), as the report says.
-ABLATIONS = {"device-roi": " (crop by roi_align)",
-             "device-gil": f" (switch interval {GIL_SWITCH_S * 1000:g} ms)"}
+# The ablation rows: a row with one thing changed (row_settings, extra flags): name -> (the
+# row it changes, what the report says, train_amp flags added).
+GRAPHS = " (CUDA graphs)", ["--cuda-graphs"]
+ABLATIONS = {"device-roi": ("device", " (crop by roi_align)", []),
+             "device-gil": ("device", f" (switch interval {GIL_SWITCH_S * 1000:g} ms)", []),
+             "device-graphs": ("device", *GRAPHS),
+             "device-cpu30": ("device", " (workers decode 30%: 12 of them)",
+                              ["--decode-cpu-share", "0.3", "--num-workers", "12"]),
+
+             "synthetic-graphs": ("synthetic", *GRAPHS)}
 # What a user of ImageNet-like data has: 333-640 px photos, about 90 KB each at quality 90.
 MIN_SIDE, MAX_SIDE, NOISE = 333, 640, 14
 
@@ -118,7 +125,7 @@ def run(label, a, data, extra=()):
                             label=f"[{label}]")
         eps = [h["steps"] * a.batch_size / h["epoch_time_s"] for h in r["history"]]
         row.update(epoch_ips=eps, ips=statistics.median(eps[1:]) if len(eps) > 1 else eps[0],
-                   compile=r["compile"], amp=r["config"]["amp"],
+                   compile=r["compile"], cuda_graphs=r["cuda_graphs"], amp=r["config"]["amp"],
                    channels_last=r["channels_last"], decode=getattr(args, "decode_used", None),
                    train_acc=r["history"][-1]["train_acc"])
     except Exception as e:  # noqa: BLE001 - report it, keep the other rows
@@ -188,10 +195,10 @@ def profile_device_path(a, folder, batches=12):
     it = iter(loader)
     for k in range(min(batches + 2, len(loader))):
         t0 = time.perf_counter()
-        (flat, lengths, paths, _), _labels = next(it)
+        b, _labels = next(it)
         t1 = time.perf_counter()
-        imgs, _, _ = train_amp.decode_jpegs(list(torch.split(flat, lengths.tolist())), paths,
-                                            a.dev)
+        imgs, _, _ = train_amp.decode_jpegs(list(torch.split(b.flat, b.lengths.tolist())),
+                                            b.paths, a.dev)
         sync()
         t2 = time.perf_counter()
         gen = train_amp.batch_generator(k)
@@ -229,9 +236,10 @@ def main():
                         " one), device, device-roi (device with the crop by roi_align instead"
                         " of the Triton kernel), device-gil (device with Python's thread switch"
                         f" interval at {GIL_SWITCH_S * 1000:g} ms instead of 5: the decode thread"
-                        " waits less for the interpreter lock), auto (no --decode: what the"
-                        " default picks), tar"
-                        " (the JPEGs as tar shards, default decode)")
+                        " waits less for the interpreter lock), device-cpu30 (12 workers"
+                        " decode 30%% of each batch on the CPU), device-graphs and"
+                        " synthetic-graphs (--cuda-graphs), auto (no --decode: what the"
+                        " default picks), tar (the JPEGs as tar shards, default decode)")
     p.add_argument("--jpeg-dir", default="/tmp/bench_input")
     p.add_argument("--out", default="bench_input.json")
     p.add_argument("--device", default="cuda", help="cuda (default); cpu: smoke test only")
@@ -273,10 +281,11 @@ def main():
         "workers-all": (str(folder), ["--decode", "workers", "--num-workers",
                                       str(max(1, cpus - 1))]),
         "device": (str(folder), ["--decode", "device"]),
-        **{name: (str(folder), ["--decode", "device"]) for name in ABLATIONS},
         "auto": (str(folder), []),
         "tar": (str(pathlib.Path(a.jpeg_dir) / "shards"), []),
     }
+    for name, (base, _, flags) in ABLATIONS.items():
+        plan[name] = (plan[base][0], plan[base][1] + flags)
     if a.profile:
         rep["profile"] = profile_device_path(a, folder)
     for name in rows:
@@ -296,7 +305,9 @@ def main():
 
 
 def print_report(rep):
-    syn = next((r for r in rep["rows"] if r["label"] == "synthetic" and "ips" in r), None)
+    """The table; each row's ratio is to the synthetic row with the same CUDA graphs setting
+    (synthetic-graphs for the -graphs rows), from the same run."""
+    syn = {r["label"]: r for r in rep["rows"] if r["label"].startswith("synthetic") and "ips" in r}
     print(f"\n## Input pipeline: {rep['model']}, batch {rep['batch_size']},"
           f" {rep['image_size']}px, train_amp.py defaults\n")
     print(f"{rep['gpu']}, {rep['cpus']} CPU cores, torch {rep['torch']}; {rep['images']} JPEGs"
@@ -305,18 +316,21 @@ def print_report(rep):
     print("| data | --decode | images/s | vs synthetic |")
     print("|---|---|---:|---:|")
     for r in rep["rows"]:
+        base = ABLATIONS.get(r["label"], (r["label"],))[0]
         data = {"synthetic": "synthetic (in memory)", "tar": "tar shards"}.get(
-            r["label"], "JPEG ImageFolder")
+            base, "JPEG ImageFolder")
         decode = r.get("decode") or "-"
         if r["label"] in ("auto", "tar"):
             decode = f"auto -> {decode}"
         if r["label"] == "workers-all":
             decode += f" ({rep['cpus'] - 1} workers)"
-        decode += ABLATIONS.get(r["label"], "")
+        if r["label"] in ABLATIONS:
+            decode += ABLATIONS[r["label"]][1]
         if "error" in r:
             print(f"| {data} | {decode} | error: {r['error'][:80]} | |")
             continue
-        ratio = f"{r['ips'] / syn['ips']:.2f}" if syn and r is not syn else "1.00" if syn else "n/a"
+        ref = syn.get("synthetic-graphs" if r["label"].endswith("-graphs") else "synthetic")
+        ratio = f"{r['ips'] / ref['ips']:.2f}" if ref else "n/a"
         print(f"| {data} | {decode} | {r['ips']:.0f} | {ratio} |")
     if rep.get("profile"):
         print("\n--decode device, each stage alone (ms per batch, median): " + ", ".join(

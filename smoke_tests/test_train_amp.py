@@ -102,3 +102,39 @@ def test_train_amp_decode_device_trains_whole_epochs_and_counts_bad_files_per_ep
     assert [h["skipped_images"] for h in hist] == [1, 1, 1], (
         f"each epoch reads the truncated file once: {[h['skipped_images'] for h in hist]}")
     assert all(math.isfinite(h["train_loss"]) and "val_acc" in h for h in hist), hist
+
+
+@pytest.mark.gpus(1)
+def test_cuda_graphs_replay_the_compiled_step_and_train_the_same_losses():
+    """--cuda-graphs should replay the compiled forward and backward as CUDA graphs (a profiled
+    step calls cudaGraphLaunch; without the flag it does not) and train the same losses as the
+    same compiled model launched kernel by kernel."""
+    ta = _train_amp()
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    data = [(torch.randn(16, 3, 32, 32, device=dev, generator=gen).contiguous(
+        memory_format=torch.channels_last), torch.randint(10, (16,), device=dev, generator=gen))
+        for _ in range(6)]
+    losses, launches = {}, {}
+    for flag in ("off", "on"):
+        args = ta.build_parser().parse_args(["--compile", "on", "--cuda-graphs", flag])
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        net = ta.build_model("resnet18", 10, 32).to(dev).to(memory_format=torch.channels_last)
+        model, compiled, graphs = ta.wrap_model(net, args, dev, ta.Ranks())
+        assert compiled and graphs == (flag == "on")
+        opt = ta.make_optimizer(net, args, 0.05, dev, torch.bfloat16)
+        scaler = torch.amp.GradScaler("cuda", enabled=False)
+        def step(x, y, model=model, opt=opt, scaler=scaler, graphs=graphs):
+            return ta.train_step(model, x, y, opt, scaler, torch.bfloat16, 1.0, "cuda",
+                                 graphs)[0].item()
+        losses[flag] = [step(x, y) for x, y in data]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            step(*data[0])
+        launches[flag] = sum(e.count for e in prof.key_averages() if e.key == "cudaGraphLaunch")
+    assert launches["on"] >= 1, "--cuda-graphs: the profiled step launched no CUDA graph"
+    assert launches["off"] == 0, f"without --cuda-graphs the step launched {launches['off']} graphs"
+    for a, b in zip(losses["off"], losses["on"]):
+        assert math.isclose(a, b, rel_tol=2e-2, abs_tol=1e-2), (
+            f"CUDA graphs changed the losses: {losses['off']} vs {losses['on']}")

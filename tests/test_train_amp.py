@@ -92,8 +92,10 @@ def test_help_documents_every_option(run_in_image):
     # Inductor compiles with $CXX: pointing it at nothing is "no compiler" without breaking
     # the image for other tests.
     (["--compile"], {"CXX": "/nonexistent/g++"}, "install g++"),
+    (["--cuda-graphs"], {}, "drop --cuda-graphs"),
+    (["--decode-cpu-share", "1.5"], {}, "--decode-cpu-share 0.3"),
 ], ids=["unknown-model", "missing-data-path", "batch-size-0", "fp16-on-cpu",
-        "compile-without-compiler"])
+        "compile-without-compiler", "cuda-graphs-without-gpu", "cpu-share-above-1"])
 def test_bad_input_exits_2_with_a_one_line_fix(start_container, args, env, fix):
     """Container should refuse bad input at once: exit 2 and one stderr line naming the fix."""
     c = start_container(["train_amp.py", *args], environment=env)
@@ -745,6 +747,114 @@ def test_device_augmentation_has_the_cpu_paths_crop_and_flip_statistics(run_in_i
     assert worst[1] < 0.02, f"crop distribution differs from RandomResizedCrop: {worst}; {r}"
     assert abs(r["flip_rate"] - 0.5) < 0.04, f"flip rate {r['flip_rate']} over 2000 images"
     assert r["resize_mean_abs_diff"] < 1.0, f"resize filter differs (0-255 scale): {r}"
+
+
+# --decode device over 3 epochs and a resume into epoch 2's second batch: which files each
+# training batch decoded, against the sampler's order of each epoch, and how many times a
+# loader was iterated for training (PlanBatches). Prints JSON.
+ONE_ITERATION = r"""
+import json, sys, torch
+sys.path.insert(0, "/usr/local/bin")
+import train_amp
+
+passes, trained = [], []
+iterate, decode = torch.utils.data.DataLoader.__iter__, train_amp.decode_on_device
+def counting(self):
+    passes.append(type(self.batch_sampler).__name__)
+    return iterate(self)
+def recording(packed, train, *a, **k):
+    if train:
+        trained.append(list(packed[2]))
+    return decode(packed, train, *a, **k)
+torch.utils.data.DataLoader.__iter__, train_amp.decode_on_device = counting, recording
+out = {}
+for name, start in (("whole", None), ("resumed", (1, 1))):
+    passes.clear(); trained.clear()
+    args = train_amp.build_parser().parse_args([
+        "--data", "imgs", "--decode", "device", "--model", "resnet18", "--image-size", "32",
+        "--batch-size", "16", "--epochs", "3", "--num-workers", "2", "--checkpoint-dir", "",
+        "--progress", "none", "--device", "cpu", "--decode-cpu-share", "0"])
+    train_amp.fill_defaults(args)
+    t = train_amp.Trainer(args, train_amp.Ranks(), torch.device("cpu"), train_amp.StopRequest())
+    if start:
+        t.start_epoch, t.start_step = start
+    t.run()
+    expect = []
+    for epoch in range(start[0] if start else 0, 3):
+        t.sampler.set_epoch(epoch)
+        t.sampler.start = 16 * (start[1] if start and epoch == start[0] else 0)
+        paths = [t.train_set.samples[i][0] for i in t.sampler]
+        expect += [paths[b:b + 16] for b in range(0, len(paths) - 15, 16)]
+    out[name] = {"passes": passes.count("PlanBatches"), "batches": len(trained),
+                 "in_order": trained == expect, "first": trained[0][:2], "expect": expect[0][:2]}
+print(json.dumps(out))
+"""
+
+
+def test_decode_device_reads_the_whole_job_in_one_loader_pass_in_each_epochs_order(run_in_image):
+    """--decode device should iterate its loader once for the whole job (the workers read on
+    across epoch ends) and still train each epoch's batches in that epoch's sampler order,
+    from the saved batch on when resuming."""
+    script = (f"python3 - <<'EOF'\n{MAKE_JPEGS}\nEOF\n"
+              f"python3 - <<'EOF'\n{ONE_ITERATION}\nEOF\n")
+    code, logs = run_in_image(["bash", "-c", script], timeout=300)
+    assert code == 0, f"exited {code}:\n{logs}"
+    r = json.loads(logs.strip().splitlines()[-1])
+    # 48 training images in batches of 16: 3 batches an epoch; the resume skips 3 + 1.
+    assert r["whole"]["batches"] == 9 and r["resumed"]["batches"] == 5, r
+    assert r["whole"]["passes"] == 1 and r["resumed"]["passes"] == 1, (
+        f"the loader was iterated once per epoch, not once for the job: {r}")
+    assert r["whole"]["in_order"] and r["resumed"]["in_order"], (
+        f"the batches are not the sampler's order of each epoch: {r}")
+
+
+# --decode device with the workers decoding a share of each batch (CollateBytes) against the
+# GPU decoding all of it: the same image for every label, a file the CPU cannot decode left to
+# the device decoder (which names it), and the CPU's images first in the batch. Prints JSON.
+CPU_SHARE = r"""
+import json, sys, torch
+from torchvision.io import encode_jpeg
+sys.path.insert(0, "/usr/local/bin")
+import train_amp
+
+gen = torch.Generator().manual_seed(0)
+batch = []
+for label in range(12):
+    img = torch.randint(0, 256, (3, 40 + 3 * label, 60 - 2 * label), dtype=torch.uint8,
+                        generator=gen)
+    data = encode_jpeg(img, quality=90)
+    batch.append((data[:60] if label == 1 else data, label, f"{label}.jpg"))  # 1: truncated
+out = {}
+for share in (0.0, 0.5):
+    packed, y = train_amp.CollateBytes(share)(batch)
+    bad = train_amp.BadImages()
+    bad.report = lambda found, bad=bad: bad.__dict__.setdefault("found", []).extend(found)
+    x, keep = train_amp.decode_on_device(packed, False, 16, torch.device("cpu"), bad)
+    y = y[list(keep)]
+    out[share] = {"cpu_decoded": len(packed.shapes), "labels": y.tolist(),
+                  "bad": [p for p, _ in bad.__dict__.get("found", [])],
+                  "images": {int(l): x[i] for i, l in enumerate(y)}}
+a, b = out[0.0], out[0.5]
+print(json.dumps({
+    "cpu_decoded": [a["cpu_decoded"], b["cpu_decoded"]], "labels": [a["labels"], b["labels"]],
+    "bad": [a["bad"], b["bad"]],
+    "worst_diff": max((a["images"][k] - b["images"][k]).abs().max().item() for k in a["images"]),
+    "same_labels": sorted(a["images"]) == sorted(b["images"])}))
+"""
+
+
+def test_workers_decoding_part_of_each_batch_give_the_same_images_and_labels(run_in_image):
+    """--decode-cpu-share: the workers' CPU-decoded images should come first, each with its own
+    label, equal to what the device decoder makes of the same file; a file the CPU cannot
+    decode goes on to the device decoder, which names it once."""
+    code, logs = run_in_image(["python3", "-c", CPU_SHARE], timeout=300)
+    assert code == 0, f"exited {code}:\n{logs}"
+    r = json.loads(logs.strip().splitlines()[-1])
+    # 12 files, half for the CPU: 6 minus the truncated one decoded there, first in the batch.
+    assert r["cpu_decoded"] == [0, 5], r
+    assert r["labels"][1][:5] == [0, 2, 3, 4, 5], f"the CPU's images are not first: {r}"
+    assert r["bad"] == [["1.jpg"], ["1.jpg"]], f"the truncated file should be named once: {r}"
+    assert r["same_labels"] and r["worst_diff"] == 0, f"an image changed or lost its label: {r}"
 
 
 # The GPU path's fused Triton kernel (crop_to_batch) against the roi_align path it replaces,
