@@ -278,8 +278,8 @@ def build_parser():
                         " (torch.compile's reduce-overhead: two launches a step instead of"
                         " ~900 kernels); needs --compile, one GPU, one process. Helps models"
                         " whose steps are too short to hide the launches; off by default: on an"
-                        " H200 ResNet-50 from synthetic data gained 1-3%%, and --decode device"
-                        " lost 10%% (the model then leaves no gaps for the decoder's kernels)"
+                        " H200 ResNet-50 from synthetic data gained 1%%, and --decode device"
+                        " lost 11%% (the model then leaves no gaps for the decoder's kernels)"
                         " (default: off; bare flag = on)")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="(default: auto = cuda if available)")
