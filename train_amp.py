@@ -48,7 +48,8 @@ except ImportError:
 # repository root; /usr/local/bin in the image) first on sys.path, then `import train_amp`.
 # The names they use (keep them, or change those files with them): bench_amp.py sets up with
 # writable_home/build_parser/fill_defaults/check_model_name, times with benchmark and train
-# (a Ranks and a StopRequest), and its loader alone with ImageFolderData/collate_bytes;
+# (a Ranks and a StopRequest), and its loader alone with ImageFolderData/collate_bytes,
+# sizing pools and workers with cpu_cores (as bench_input.py does);
 # bench_input.py also times the --decode device stages (decode_jpegs, random_crop_boxes,
 # batch_generator, crop_to_batch, FUSED_CROP) and writes digits_split out as JPEGs; the tests
 # call main in-process, spy on build_model/train_step/load_checkpoint, step with make_optimizer,
@@ -59,7 +60,7 @@ except ImportError:
 __all__ = [
     "BadImages", "CollateBytes", "ImageFolderData", "Ranks", "StopRequest", "Trainer",
     "UsageError", "batch_generator", "benchmark",
-    "build_model", "build_parser", "check_model_name", "collate_bytes", "crop_resize",
+    "build_model", "build_parser", "check_model_name", "collate_bytes", "cpu_cores", "crop_resize",
     "crop_to_batch", "decode_jpegs", "decode_on_device", "device_name", "digits_split",
     "fill_defaults",
     "load_checkpoint", "main", "make_optimizer", "normalise", "random_crop_boxes", "train",
@@ -1190,11 +1191,41 @@ def nvjpeg_available(device):
         return False
 
 
+def cgroup_cpu_limit(root="/sys/fs/cgroup"):
+    """The container's CPU limit in cores (docker --cpus, a Kubernetes CPU limit), or None:
+    cgroup v2's cpu.max ("max 100000" is none), else v1's cfs quota and period (-1 is none)."""
+    try:
+        quota, period = pathlib.Path(root, "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int(pathlib.Path(root, "cpu", "cpu.cfs_quota_us").read_text())
+        period = int(pathlib.Path(root, "cpu", "cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_cores(local_world=1):
+    """CPU cores this process may use, shared among the processes on this node: the fewer of
+    its affinity mask (docker --cpuset-cpus, taskset, Slurm's binding) and the container's CPU
+    limit, rounded up. os.cpu_count() counts the host's cores whatever the container may use."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    if limit:
+        cores = min(cores, math.ceil(limit))
+    return max(1, cores // max(1, local_world))
+
+
 def pick_decode(args, device, paths, local_world=1):
     """--decode auto -> ('workers' or 'device', why)."""
     if args.decode != "auto":
         return args.decode, "as asked"
-    cores = max(1, (os.cpu_count() or 1) // max(1, local_world))
+    cores = cpu_cores(local_world)
     if device.type != "cuda":
         return "workers", f"no GPU: the {cores} CPU core(s) decode"
     others = sum(1 for p in paths if not p.lower().endswith(JPEG_SUFFIXES))
@@ -1703,7 +1734,7 @@ def default_workers(sample_format, local_world=1):
     decoding in the workers every core of this process's share but one (on an H200 with 16
     cores, 15 workers trained at 2,473 images/s, 8 at 1,642); for --decode device, where they
     only read files (and decode --decode-cpu-share of them), up to 8."""
-    cores = max(1, (os.cpu_count() or 2) // max(1, local_world))
+    cores = cpu_cores(local_world)
     if sample_format is SampleFormat.LOW_RES:
         return 0
     return max(1, cores - 1) if sample_format is SampleFormat.DECODED else min(8, cores)

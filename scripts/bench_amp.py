@@ -16,7 +16,6 @@ import contextlib
 import io
 import json
 import multiprocessing
-import os
 import pathlib
 import random
 import sys
@@ -92,7 +91,7 @@ def make_imagefolder(root, n_images, n_classes=10):
         class_dir = root / f"class{i % n_classes:02d}"
         class_dir.mkdir(parents=True, exist_ok=True)
         jobs.append((str(class_dir / f"{i:05d}.jpg"), i))
-    with multiprocessing.Pool(os.cpu_count()) as pool:
+    with multiprocessing.Pool(train_amp.cpu_cores()) as pool:
         pool.map(make_jpeg, jobs, chunksize=32)
     return sum(f.stat().st_size for f in root.rglob("*.jpg"))
 
@@ -304,11 +303,11 @@ def bench_jpeg(a):
         size = sum(f.stat().st_size for f in folder.rglob("*.jpg"))
     n = sum(1 for _ in folder.rglob("*.jpg"))
     res = {"images": n, "mean_kib": size / n / 1024, "make_s": time.perf_counter() - t0,
-           "cpus": os.cpu_count(), "runs": []}
+           "cpus": train_amp.cpu_cores(), "runs": []}
     print(f"  JPEG ImageFolder: {n} images, {res['mean_kib']:.0f} KiB each,"
           f" made in {res['make_s']:.0f} s", flush=True)
-    auto_workers = min(8, os.cpu_count() or 2)
-    setups = [("workers", w) for w in sorted({auto_workers, max(1, (os.cpu_count() or 2) - 1)})]
+    auto_workers = min(8, train_amp.cpu_cores())
+    setups = [("workers", w) for w in sorted({auto_workers, max(1, train_amp.cpu_cores() - 1)})]
     setups.append(("device", auto_workers))
     for decode, workers in setups:
         row = {"decode": decode, "num_workers": workers}

@@ -74,7 +74,7 @@ def make_imagefolder(root, n_images, n_classes, max_side=MAX_SIDE):
         d = root / f"class{i % n_classes:03d}"
         d.mkdir(parents=True, exist_ok=True)
         jobs.append((str(d / f"{i:06d}.jpg"), i, max_side))
-    with multiprocessing.Pool(os.cpu_count()) as pool:
+    with multiprocessing.Pool(train_amp.cpu_cores()) as pool:
         pool.map(make_jpeg, jobs, chunksize=16)
 
 
@@ -264,7 +264,7 @@ def main():
         make_shards(folder, pathlib.Path(a.jpeg_dir) / "shards")
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
     rep = {"gpu": train_amp.device_name(a.dev), "torch": torch.__version__,
-           "cpus": os.cpu_count(), "model": a.model, "batch_size": a.batch_size,
+           "cpus": train_amp.cpu_cores(), "model": a.model, "batch_size": a.batch_size,
            "image_size": a.image_size, "epochs": a.epochs, "images": len(files),
            "mean_kib": size / len(files) / 1024, "make_s": time.perf_counter() - t0,
            "page_cache": (f"warm: the {size / 2 ** 20:.0f} MiB of JPEGs were written by this"
@@ -273,7 +273,7 @@ def main():
     print(f"# bench_input: {a.model} batch {a.batch_size} on {rep['gpu']} ({rep['cpus']} CPUs),"
           f" {len(files)} JPEGs, {rep['mean_kib']:.0f} KiB mean; {rep['page_cache']}", flush=True)
     n_train = len(files)
-    cpus = os.cpu_count() or 2
+    cpus = train_amp.cpu_cores()
     plan = {
         "synthetic": ("synthetic", ["--synthetic-size", str(n_train), "--num-classes",
                                     str(a.classes)]),

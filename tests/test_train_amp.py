@@ -945,6 +945,20 @@ def test_decode_auto_says_which_path_it_picked(run_in_image):
                      re.MULTILINE), f"no line naming the picked decode path:\n{logs}"
 
 
+@pytest.mark.parametrize("limit", [{"nano_cpus": 10 ** 9}, {"cpuset_cpus": "0"}],
+                         ids=["cpus-1", "cpuset-cpus-0"])
+def test_decode_auto_counts_the_cores_the_container_may_use(run_in_image, limit):
+    """--decode auto and the default worker count should count the cores the container may use
+    (docker --cpus, --cpuset-cpus), not the host's (os.cpu_count()): 1 here, on any host."""
+    script = (f"python3 - <<'EOF'\n{MAKE_JPEGS}\nEOF\n"
+              "exec train_amp.py --data imgs --model resnet18 --image-size 32 --batch-size 16"
+              " --steps 1 --checkpoint-dir ''")
+    code, logs = run_in_image(["bash", "-c", script], **limit)
+    assert code == 0, f"exited {code}:\n{logs}"
+    assert "--decode auto: workers (no GPU: the 1 CPU core(s) decode)" in logs, (
+        f"auto did not count the container's one core:\n{logs}")
+
+
 def test_benchmark_times_steps_and_writes_json(start_container):
     """--benchmark should time steps on a device-resident batch and write benchmark.json."""
     c = start_container(["train_amp.py", "--benchmark", "--model", "resnet18", "--image-size",
