@@ -1449,11 +1449,11 @@ def decode_on_device(packed, train, image_size, device, bad_images=None, gen=Non
         imgs = [p.view(3, h, w) for p, (h, w) in zip(
             torch.split(pixels, [3 * h * w for h, w in hw]), hw)] + list(imgs)
         keep = list(range(len(hw))) + [len(hw) + k for k in keep]
-    unread = b.unread
-    (BadImages() if bad_images is None else bad_images).report(unread + bad)
+    failed = b.unread + bad
+    (BadImages() if bad_images is None else bad_images).report(failed)
     if not imgs:
-        raise BadImageError(f"no image of a batch of {len(unread) + len(bad)} could be read"
-                            f" (the first: {(unread + bad)[0][0]}): check the data set")
+        raise BadImageError(f"no image of a batch of {len(failed)} could be read (the first:"
+                            f" {failed[0][0]}): check the data set")
     sizes = [im.shape[-2:] for im in imgs]
     flip = None
     if train:
