@@ -119,7 +119,7 @@ def run(label, a, data, extra=()):
     torch._dynamo.reset()
     if a.device == "cuda":
         torch.cuda.empty_cache()
-    row = {"label": label, "argv": argv}
+    row, t0 = {"label": label, "argv": argv}, time.perf_counter()
     try:
         r = train_amp.train(args, train_amp.Ranks(), a.dev, train_amp.StopRequest(),
                             label=f"[{label}]")
@@ -130,9 +130,11 @@ def run(label, a, data, extra=()):
                    train_acc=r["history"][-1]["train_acc"])
     except Exception as e:  # noqa: BLE001 - report it, keep the other rows
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    # The row's wall time, set-up and compilation included: where a slow run's time went.
+    row["wall_s"] = time.perf_counter() - t0
     print(f"  {label}: {row.get('ips', 0):.0f} images/s (epochs:"
-          f" {', '.join(f'{v:.0f}' for v in row.get('epoch_ips', []))}) {row.get('error', '')}",
-          flush=True)
+          f" {', '.join(f'{v:.0f}' for v in row.get('epoch_ips', []))}; row {row['wall_s']:.0f} s)"
+          f" {row.get('error', '')}", flush=True)
     return row
 
 
