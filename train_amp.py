@@ -589,7 +589,8 @@ def writable_home():
     user name. Then getpass.getuser() raises KeyError (Inductor names its cache
     /tmp/torchinductor_<user> with it), and Triton (~/.triton), torch hub, matplotlib and pip
     cannot write under HOME. Only in that case: a user name of uid<N> and a private HOME
-    under the temp dir (the one folder a read-only root filesystem leaves writable)."""
+    under the temp dir (the one folder a read-only root filesystem leaves writable). In the
+    image the venv's start-up hook (team_uid_env.py) has done so already; this is for elsewhere."""
     try:
         getpass.getuser()
     except (KeyError, OSError):  # no LOGNAME/USER and no passwd entry for this UID

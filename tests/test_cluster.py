@@ -161,6 +161,24 @@ def test_smoke_suite_passes_without_entrypoint_as_a_nameless_uid_on_a_read_only_
     assert re.search(r"\d+ passed", out) and "failed" not in out, out[-4000:]
 
 
+# The user's own script, not train_amp.py: torch.compile needs a user name (Inductor's cache
+# is /tmp/torchinductor_<user>), which getpass.getuser() cannot find for a nameless UID.
+USER_CODE = ("import getpass, os, torch\n"
+             "f = torch.compile(lambda x: x.sin() + 1)\n"
+             "print('compiled', f(torch.zeros(3)).sum().item(), getpass.getuser(),"
+             " os.environ['HOME'], os.access(os.environ['HOME'], os.W_OK))\n")
+
+
+def test_user_code_compiles_without_entrypoint_as_a_nameless_uid_on_a_read_only_root(
+        run_in_image):
+    """Any Python in the venv (here the user's own torch.compile), started as UID 12345 with no
+    passwd entry and no entrypoint on a read-only root, should get a user name and a writable
+    HOME from the venv's start-up hook and compile, where it raised KeyError before."""
+    code, out = run_in_image(["python", "-c", USER_CODE], timeout=300, **BARE_EXEC)
+    assert code == 0, f"user code exited {code}:\n{out[-4000:]}"
+    assert "compiled 3.0 uid12345 /tmp/home-12345 True" in out, out[-4000:]
+
+
 def test_compile_on_a_noexec_tmp_exits_2_with_the_fix(run_in_image):
     """--compile where Inductor's cache is noexec (docker --tmpfs /tmp) should stop at once."""
     code, out = run_in_image([*TRAIN, "--steps", "2", "--compile"], timeout=120, **BARE)
