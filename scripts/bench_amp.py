@@ -15,7 +15,6 @@ import ast
 import contextlib
 import io
 import json
-import multiprocessing
 import pathlib
 import random
 import sys
@@ -28,6 +27,7 @@ for p in (HERE.parent, pathlib.Path("/usr/local/bin")):
     if (p / "train_amp.py").is_file():
         sys.path.insert(0, str(p))
         break
+import bench_input  # beside this script: its JPEG set is the one bench_amp uses
 import torch
 
 import train_amp
@@ -67,33 +67,6 @@ def run_config(args, device):
     finally:
         torch._dynamo.reset()
         torch.cuda.empty_cache()
-
-
-def make_jpeg(job):
-    """One ImageNet-like JPEG (about 500x375, smooth colour field plus texture)."""
-    import numpy as np
-    from PIL import Image
-    path, seed = job
-    rng = np.random.default_rng(seed)
-    h, w = int(rng.integers(300, 450)), int(rng.integers(400, 600))
-    yy, xx = np.mgrid[0:h, 0:w]
-    img = np.stack([np.sin(xx / rng.uniform(8, 60) + rng.uniform(0, 6)) * 60
-                    + np.cos(yy / rng.uniform(8, 60)) * 60 + rng.uniform(60, 190)
-                    for _ in range(3)], -1)
-    img += rng.normal(0, 12, img.shape)
-    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(path, quality=90)
-
-
-def make_imagefolder(root, n_images, n_classes=10):
-    root = pathlib.Path(root)
-    jobs = []
-    for i in range(n_images):
-        class_dir = root / f"class{i % n_classes:02d}"
-        class_dir.mkdir(parents=True, exist_ok=True)
-        jobs.append((str(class_dir / f"{i:05d}.jpg"), i))
-    with multiprocessing.Pool(train_amp.cpu_cores()) as pool:
-        pool.map(make_jpeg, jobs, chunksize=32)
-    return sum(f.stat().st_size for f in root.rglob("*.jpg"))
 
 
 def loader_only_ips(folder, batch, image_size, workers, pin, decode, batches_per_worker=10):
@@ -298,9 +271,9 @@ def bench_jpeg(a):
     folder = pathlib.Path(a.jpeg_dir)
     t0 = time.perf_counter()
     if not any(folder.rglob("*.jpg")):
-        size = make_imagefolder(folder, a.jpeg_images)
-    else:
-        size = sum(f.stat().st_size for f in folder.rglob("*.jpg"))
+        # bench_input's ImageNet-like JPEGs (333-640 px, ~90 KB): one recipe for both scripts.
+        bench_input.make_imagefolder(folder, a.jpeg_images, 10)
+    size = sum(f.stat().st_size for f in folder.rglob("*.jpg"))
     n = sum(1 for _ in folder.rglob("*.jpg"))
     res = {"images": n, "mean_kib": size / n / 1024, "make_s": time.perf_counter() - t0,
            "cpus": train_amp.cpu_cores(), "runs": []}
