@@ -273,14 +273,14 @@ def bench_jpeg(a):
     if not any(folder.rglob("*.jpg")):
         # bench_input's ImageNet-like JPEGs (333-640 px, ~90 KB): one recipe for both scripts.
         bench_input.make_imagefolder(folder, a.jpeg_images, 10)
-    size = sum(f.stat().st_size for f in folder.rglob("*.jpg"))
-    n = sum(1 for _ in folder.rglob("*.jpg"))
+    files = list(folder.rglob("*.jpg"))
+    size, n, cores = sum(f.stat().st_size for f in files), len(files), train_amp.cpu_cores()
     res = {"images": n, "mean_kib": size / n / 1024, "make_s": time.perf_counter() - t0,
-           "cpus": train_amp.cpu_cores(), "runs": []}
+           "cpus": cores, "runs": []}
     print(f"  JPEG ImageFolder: {n} images, {res['mean_kib']:.0f} KiB each,"
           f" made in {res['make_s']:.0f} s", flush=True)
-    auto_workers = min(8, train_amp.cpu_cores())
-    setups = [("workers", w) for w in sorted({auto_workers, max(1, train_amp.cpu_cores() - 1)})]
+    auto_workers = min(8, cores)
+    setups = [("workers", w) for w in sorted({auto_workers, max(1, cores - 1)})]
     setups.append(("device", auto_workers))
     for decode, workers in setups:
         row = {"decode": decode, "num_workers": workers}

@@ -274,8 +274,7 @@ def main():
                           " them from the page cache"), "rows": []}
     print(f"# bench_input: {a.model} batch {a.batch_size} on {rep['gpu']} ({rep['cpus']} CPUs),"
           f" {len(files)} JPEGs, {rep['mean_kib']:.0f} KiB mean; {rep['page_cache']}", flush=True)
-    n_train = len(files)
-    cpus = train_amp.cpu_cores()
+    n_train, cpus = len(files), rep["cpus"]
     plan = {
         "synthetic": ("synthetic", ["--synthetic-size", str(n_train), "--num-classes",
                                     str(a.classes)]),
