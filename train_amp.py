@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import difflib
 import enum
+import faulthandler
 import getpass
 import importlib
 import io
@@ -2845,6 +2846,10 @@ def run(args, ranks, stop):
 
 
 def main(argv=None):
+    # A job that hangs (a collective waiting for a rank that is gone, a stuck file system):
+    # `kill -USR2 PID` or `scancel --signal=USR2 JOB` prints every thread's Python stack to
+    # stderr and training goes on. USR1 is left to schedulers' "time is nearly up".
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     writable_home()  # before anything computes a cache path from HOME or the user name
     args = build_parser().parse_args(argv)
     ranks = Ranks()

@@ -135,9 +135,17 @@ class Cluster:
             if job.get("JobState") in TERMINAL:
                 return job
             if time.monotonic() > deadline:
+                # Where it hangs, before the cancel: each task's Python stacks (train_amp.py
+                # prints them on SIGUSR2, into the job's output) and the nodes' processes.
+                self.sh(f"scancel --signal=USR2 {job_id}", user="root")
+                time.sleep(5)
+                procs = "".join(
+                    f"\n--- {n.name} processes:\n"
+                    + self.sh("ps -eo pid,ppid,stat,etime,wchan:24,args", "root", n)[1]
+                    for n in self.nodes)
                 self.sh(f"scancel {job_id}", user="root")
                 pytest.fail(f"job {job_id} did not finish within {timeout}s ({job}):\n"
-                            f"{self.logs(job_id)}")
+                            f"{self.logs(job_id)}{procs}")
             time.sleep(1)
 
     def output(self, job_id):

@@ -314,6 +314,24 @@ def test_resume_continues_at_the_saved_step_and_reproduces_the_uninterrupted_run
                 f"epoch {a['epoch']} {key}: resumed {b[key]} != uninterrupted {a[key]}")
 
 
+def test_sigusr2_prints_every_threads_stack_and_training_goes_on(start_container):
+    """kill -USR2 should print the Python stack of every thread (where a hung job waits) to
+    stderr, and the run should go on training, not stop or die."""
+    c = start_container(["train_amp.py", *SYNTH, "--epochs", "100", "--log-every", "1",
+                         "--progress", "lines", "--checkpoint-dir", ""])
+    wait_for_log(c, r"epoch 1/100 step 2/", timeout=300)
+    c.kill(signal="SIGUSR2")
+    logs = wait_for_log(c, r"(?s)Current thread 0x.*File .*train_amp\.py", timeout=60)
+    dump_at = logs.index("Current thread")
+    assert re.search(r"File \"/usr/local/bin/train_amp\.py\", line \d+ in main", logs[dump_at:]), (
+        f"the dump should show the main thread inside train_amp.py's main:\n{logs[dump_at:][-3000:]}")
+    # Steps logged after the dump: the signal did not stop or kill the run.
+    after = wait_for_log(c, r"(?s)Current thread 0x.*\nepoch \d+/100 step \d+/8 .*\n"
+                            r".*epoch \d+/100 step \d+/8 ", timeout=120)
+    c.reload()
+    assert c.status == "running", f"the run stopped after SIGUSR2:\n{after[-3000:]}"
+
+
 def test_resume_without_a_checkpoint_is_an_error_not_a_fresh_start(run_in_image):
     """--resume with nothing to resume from should exit 2 instead of training from scratch."""
     code, logs = run_in_image(["train_amp.py", *SYNTH, "--checkpoint-dir", "none", "--resume"])
