@@ -5,6 +5,7 @@ import json
 import re
 import shlex
 import tarfile
+import time
 import uuid
 
 import pytest
@@ -1110,6 +1111,25 @@ def test_torchrun_two_processes_in_one_container_shard_the_data(run_in_image):
     assert code == 0, f"torchrun exited {code}:\n{logs}"
     assert "world_size=2" in logs and "steps/epoch=4 " in logs, f"not a 2-rank job:\n{logs}"
     assert len(SUMMARY.findall(logs)) == 1, f"expected one summary line (rank 0 only):\n{logs}"
+
+
+def test_ranks_leave_together_once_rank_0_has_written_its_results(start_container):
+    """A rank done training should wait for rank 0 to write its results (checkpoint, metrics)
+    and leave with it, not tear down while rank 0 is still busy. Rank 0 writes its metrics
+    into a FIFO here, so it stays busy until the test reads them."""
+    c = start_container(["bash", "-c", "mkfifo /tmp/metrics.fifo && exec torchrun"
+                         " --nproc-per-node 2 /usr/local/bin/train_amp.py " + shlex.join(SYNTH)
+                         + " --epochs 1 --checkpoint-dir /tmp/ck --metrics /tmp/metrics.fifo"])
+    wait_for_log(c, r"epoch 1/1: train_loss", timeout=420)
+    time.sleep(3)  # a rank that does not wait has left by now
+    # torchrun starts each rank as `python3 -u SCRIPT`; its own command line has no -u.
+    _, ps = c.exec_run(["pgrep", "-fa", r"python3? -u /usr/local/bin/train_amp\.py"])
+    ranks = ps.decode().splitlines()
+    assert len(ranks) == 2, f"a rank left while rank 0 was still writing its results:\n{ps.decode()}"
+    code, metrics = c.exec_run(["cat", "/tmp/metrics.fifo"])
+    assert code == 0 and json.loads(metrics)["history"], f"no metrics from rank 0: {metrics!r}"
+    status = c.wait(timeout=120)["StatusCode"]
+    assert status == 0, f"torchrun exited {status}:\n{c.logs().decode(errors='replace')[-3000:]}"
 
 
 def test_channels_last_flag_trains_in_nhwc_on_cpu(run_in_image):
