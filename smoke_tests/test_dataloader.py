@@ -1,4 +1,5 @@
 """DataLoader: worker processes hand batches to the trainer through shared memory (/dev/shm)."""
+import contextlib
 import os
 
 import pytest
@@ -18,16 +19,21 @@ def test_dataloader_workers_pass_real_batches_through_shared_memory():
     dataset = RandomImages(length=BATCH * 8)
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS,
                                          prefetch_factor=PREFETCH, timeout=120)
-    seen, error = [], None
+    seen, error, batches = [], None, iter(loader)
     try:
-        for images, indices in loader:
+        for images, indices in batches:
             assert images.is_shared(), "a worker's batch did not arrive through shared memory"
             for j in (0, len(indices) - 1):
                 expected = RandomImages.sample(int(indices[j]), dataset.shape)
                 assert torch.equal(images[j], expected), f"sample {int(indices[j])} arrived corrupted"
             seen += indices.tolist()
     except RuntimeError as err:  # a worker killed by SIGBUS when /dev/shm is full
-        error = err
+        error = str(err)
+    finally:
+        # Stop the other workers now: another one's SIGBUS would make the loader's SIGCHLD
+        # handler raise wherever Python is later (once inside pytest's report: INTERNALERROR).
+        with contextlib.suppress(RuntimeError):
+            batches._shutdown_workers()
     if error is not None:
         total, free = _shm_mib()
         mib = BATCH * torch.Size(dataset.shape).numel() * 4 / 2**20
