@@ -2847,8 +2847,9 @@ def run(args, ranks, stop):
 
 def main(argv=None):
     # A job that hangs (a collective waiting for a rank that is gone, a stuck file system):
-    # `kill -USR2 PID` or `scancel --signal=USR2 JOB` prints every thread's Python stack to
-    # stderr and training goes on. USR1 is left to schedulers' "time is nearly up".
+    # `kill -USR2 PID` (scancel --signal=USR2 where srun's tasks are this script, not torchrun,
+    # which USR2 stops) prints every thread's Python stack to stderr and training goes on.
+    # USR1 is left to schedulers' "time is nearly up".
     faulthandler.register(signal.SIGUSR2, all_threads=True)
     writable_home()  # before anything computes a cache path from HOME or the user name
     args = build_parser().parse_args(argv)
