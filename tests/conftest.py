@@ -73,6 +73,20 @@ def remove_containers(containers):
             pass
 
 
+def remove_image(ref):
+    """Remove an image a test built, with the containers made from it first (a test's
+    containers live until its teardown, and an image in use is not removed: `docker image rm`
+    failed quietly and left team-dl-mirrortest:keep and untagged copies behind after green CI runs).
+    Already gone is fine; still there afterwards fails the test."""
+    client = docker.from_env()
+    try:
+        remove_containers(client.containers.list(all=True, filters={"ancestor": ref}))
+        client.images.remove(ref, force=True)
+    except docker.errors.ImageNotFound:
+        return
+    assert not client.images.list(name=ref), f"{ref} is still there after its removal"
+
+
 @pytest.fixture
 def run_in_image(start_container):
     """Run a command to completion in a fresh container: returns (exit_code, output)."""

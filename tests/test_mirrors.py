@@ -17,7 +17,7 @@ import uuid
 import zipfile
 
 import pytest
-from conftest import ROOT, stop_process, wait_for_server
+from conftest import ROOT, remove_image, stop_process, wait_for_server
 
 MIRROR_VARS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "APT_MIRROR")
 PYPI_SERVER = pathlib.Path(sys.executable).parent / "pypi-server"
@@ -182,7 +182,7 @@ def test_mirror_credentials_are_in_no_history_entry_label_or_config(docker_clien
         assert password not in history, f"a mirror credential is in the image history:\n{history}"
         assert password not in inspect, "a mirror credential is in the image config or labels"
     finally:
-        subprocess.run(["/usr/bin/docker", "image", "rm", ref], capture_output=True, check=False)
+        remove_image(ref)
 
 
 def test_keep_mirrors_leaves_the_mirrors_configured_in_the_image_only_when_asked(run_in_image):
@@ -216,7 +216,7 @@ def test_keep_mirrors_leaves_the_mirrors_configured_in_the_image_only_when_asked
                          "global.constraint='/opt/venv/etc/constraints.txt'"):
                 assert line in out, f"pip config lacks {line}:\n{out[-2000:]}"
         finally:
-            subprocess.run(["/usr/bin/docker", "image", "rm", ref], capture_output=True, check=False)
+            remove_image(ref)
     code, out = run_in_image(["bash", "-c", "/opt/venv/bin/pip config list; grep -rh ':80' /etc/apt/ || true"],
                              entrypoint=[], user="root")
     assert "index-url" not in out and ":80" not in out, f"the default image kept a mirror:\n{out}"
