@@ -1674,9 +1674,11 @@ class DeviceBatches:
         self.queue = queue.Queue(maxsize=PREFETCH_BATCHES)
 
         def produce():
-            torch.cuda.set_device(self.device)
-            side = torch.cuda.Stream(self.device, priority=-1)
+            # Everything inside the try: a thread that died before its first put (a failed
+            # set_device or stream) left the training thread waiting on the queue for ever.
             try:
+                torch.cuda.set_device(self.device)
+                side = torch.cuda.Stream(self.device, priority=-1)
                 with torch.cuda.stream(side):
                     for item in self.passes():
                         ready = torch.cuda.Event()

@@ -827,6 +827,38 @@ def test_decode_device_reads_the_whole_job_in_one_loader_pass_in_each_epochs_ord
         f"the batches are not the sampler's order of each epoch: {r}")
 
 
+
+# The thread that prepares --decode device batches on a GPU, started where it cannot start (no
+# GPU here: its set_device fails): the training thread must get the error, not wait for ever.
+THREAD_START_FAILS = r"""
+import sys, threading, torch
+sys.path.insert(0, "/usr/local/bin")
+import train_amp
+batches = train_amp.DeviceBatches([], 32, torch.device("cuda", 0), False, True,
+                                  train_amp.BadImages())
+seen = {}
+def train():
+    try:
+        next(iter(batches.epoch(0)))
+        seen["error"] = "none: a batch came"
+    except BaseException as e:
+        seen["error"] = type(e).__name__
+trainer = threading.Thread(target=train, daemon=True)
+trainer.start()
+trainer.join(60)
+print("HUNG" if trainer.is_alive() else f"RAISED {seen['error']}")
+"""
+
+
+def test_a_batch_thread_that_cannot_start_fails_training_instead_of_hanging_it(run_in_image):
+    """If the --decode device batch thread fails before its first batch (here: no GPU for its
+    set_device), the training thread should raise that error, not wait on the queue for ever."""
+    code, logs = run_in_image(["python3", "-c", THREAD_START_FAILS], timeout=120)
+    assert code == 0, f"exited {code}:\n{logs}"
+    last = logs.strip().splitlines()[-1]
+    assert last.startswith("RAISED") and "none" not in last, (
+        f"the training thread should get the batch thread's error: {last}\n{logs[-2000:]}")
+
 # --decode device with the workers decoding a share of each batch (CollateBytes) against the
 # GPU decoding all of it: the same image for every label, a file the CPU cannot decode left to
 # the device decoder (which names it), and the CPU's images first in the batch. Prints JSON.
