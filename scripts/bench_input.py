@@ -44,7 +44,13 @@ ABLATIONS = {"device-roi": ("device", " (crop by roi_align)", []),
              "device-cpu30": ("device", " (workers decode 30%: 12 of them)",
                               ["--decode-cpu-share", "0.3", "--num-workers", "12"]),
 
+             # Where the device path's time goes: without the loader (its first batches kept
+             # and replayed), and also without the decode (each kept batch decoded once).
+             "device-replay": ("device", " (batches replayed from memory: no loader)", []),
+             "device-decode-once": ("device", " (replayed, each batch decoded once)", []),
              "synthetic-graphs": ("synthetic", *GRAPHS)}
+# The batches device-replay and device-decode-once keep (pinned; their decoded images too).
+REPLAY_BATCHES = 32
 # What a user of ImageNet-like data has: 333-640 px photos, about 90 KB each at quality 90.
 MIN_SIDE, MAX_SIDE, NOISE = 333, 640, 14
 
@@ -95,19 +101,66 @@ def make_shards(folder, out, per_shard=1024):
                 tar.addfile(info, io.BytesIO(data))
 
 
+class Replay:
+    """A loader's first `keep` batches (the first epoch's, up to REPLAY_BATCHES), then those
+    again in turn for the rest of its length: its workers, pin-memory thread and shared-memory
+    hand-overs stop after the kept ones."""
+
+    def __init__(self, loader, stats, keep):
+        self.loader, self.stats, self.keep = loader, stats, min(keep, len(loader))
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        batches, kept = iter(self.loader), []
+        for i in range(len(self.loader)):
+            if i < self.keep:
+                kept.append(next(batches))
+                self.stats["loaded"] += 1
+                if len(kept) == self.keep:
+                    batches = None  # the loader's workers stop
+                yield kept[-1]
+            else:
+                self.stats["replayed"] += 1
+                yield kept[i % self.keep]
+
+
 @contextlib.contextmanager
 def row_settings(name):
     """What an ablation row changes, for the length of the row: device-roi crops by roi_align
-    instead of the Triton kernel, device-gil shortens Python's thread switch interval."""
+    instead of the Triton kernel, device-gil shortens Python's thread switch interval,
+    device-replay feeds the device path's thread from Replay, device-decode-once also decodes
+    each kept batch once. Yields the row's counts of batches loaded, replayed and decoded."""
     switch = sys.getswitchinterval()
+    passes, decode = train_amp.DeviceBatches.passes, train_amp.decode_jpegs
+    stats = {"loaded": 0, "replayed": 0, "decoded": 0}
+    decoded = {}
+
+    def replaying(batches):
+        if not isinstance(batches.loader, Replay):
+            batches.loader = Replay(batches.loader, stats,
+                                    min(REPLAY_BATCHES, batches.plan[0][2]))
+        return passes(batches)
+
+    def counting(datas, paths, device):
+        key = datas[0].data_ptr() if name == "device-decode-once" else None
+        if key is None or key not in decoded:
+            stats["decoded"] += 1
+            decoded[key] = decode(datas, paths, device)
+        return decoded.pop(None) if key is None else decoded[key]
+
     train_amp.FUSED_CROP = name != "device-roi"
     if name == "device-gil":
         sys.setswitchinterval(GIL_SWITCH_S)
+    if name in ("device-replay", "device-decode-once"):
+        train_amp.DeviceBatches.passes, train_amp.decode_jpegs = replaying, counting
     try:
-        yield
+        yield stats
     finally:
         train_amp.FUSED_CROP = True
         sys.setswitchinterval(switch)
+        train_amp.DeviceBatches.passes, train_amp.decode_jpegs = passes, decode
 
 
 def run(label, a, data, extra=()):
@@ -240,7 +293,10 @@ def main():
                         f" interval at {GIL_SWITCH_S * 1000:g} ms instead of 5: the decode thread"
                         " waits less for the interpreter lock), device-cpu30 (12 workers"
                         " decode 30%% of each batch on the CPU), device-graphs and"
-                        " synthetic-graphs (--cuda-graphs), auto (no --decode: what the"
+                        " synthetic-graphs (--cuda-graphs), device-replay (device without"
+                        " the loader: its first epoch's batches, up to"
+                        f" {REPLAY_BATCHES}, replayed), device-decode-once (device-replay with"
+                        " each kept batch decoded once), auto (no --decode: what the"
                         " default picks), tar (the JPEGs as tar shards, default decode)")
     p.add_argument("--jpeg-dir", default="/tmp/bench_input")
     p.add_argument("--out", default="bench_input.json")
@@ -291,8 +347,11 @@ def main():
         rep["profile"] = profile_device_path(a, folder)
     for name in rows:
         data, extra = plan[name]
-        with row_settings(name):
-            rep["rows"].append(run(name, a, data, extra))
+        with row_settings(name) as stats:
+            row = run(name, a, data, extra)
+        if any(stats.values()):
+            row["batches"] = stats
+        rep["rows"].append(row)
         pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
     if a.accuracy:
         rep["accuracy"] = digits_accuracy(a, pathlib.Path(a.jpeg_dir) / "digits")

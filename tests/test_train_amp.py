@@ -1085,6 +1085,22 @@ def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_imag
     assert report["page_cache"].startswith("warm"), report
 
 
+
+def test_bench_input_replay_rows_stop_the_loader_and_decode_once(run_in_image):
+    """bench_input.py's device-replay row should take only the first epoch's batches from the
+    loader and replay them (every batch still decoded), device-decode-once should also decode
+    each kept batch only once: what the README's figures for them rest on."""
+    script = ("python /repo/scripts/bench_input.py --device cpu --model resnet18 --image-size 32"
+              " --batch-size 16 --images 64 --classes 4 --max-side 96 --epochs 3"
+              " --rows device-replay,device-decode-once --jpeg-dir /tmp/bi --out /tmp/bi.json"
+              " && cat /tmp/bi.json")
+    logs = run_repo_script(run_in_image, script)
+    rows = {r["label"]: r for r in json.loads(logs[logs.index("\n{") + 1:])["rows"]}
+    # 64 images in batches of 16: 4 batches an epoch, 12 in 3 epochs.
+    assert rows["device-replay"].get("batches") == {"loaded": 4, "replayed": 8, "decoded": 12}, rows
+    assert rows["device-decode-once"].get("batches") == {"loaded": 4, "replayed": 8, "decoded": 4}, rows
+    assert all(len(r.get("epoch_ips", [])) == 3 for r in rows.values()), rows
+
 def test_bench_amp_compiles_as_a_uid_without_a_passwd_entry(run_in_image):
     """scripts/bench_amp.py started without the entrypoint as a UID with no passwd entry (as
     pyxis or a Kubernetes `command:` start it) should still torch.compile: Inductor names its
