@@ -144,11 +144,14 @@ def row_settings(name):
         return passes(batches)
 
     def counting(datas, paths, device):
-        key = datas[0].data_ptr() if name == "device-decode-once" else None
-        if key is None or key not in decoded:
-            stats["decoded"] += 1
-            decoded[key] = decode(datas, paths, device)
-        return decoded.pop(None) if key is None else decoded[key]
+        once = name == "device-decode-once"
+        if once and datas[0].data_ptr() in decoded:
+            return decoded[datas[0].data_ptr()]
+        stats["decoded"] += 1
+        result = decode(datas, paths, device)
+        if once:
+            decoded[datas[0].data_ptr()] = result
+        return result
 
     train_amp.FUSED_CROP = name != "device-roi"
     if name == "device-gil":

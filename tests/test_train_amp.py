@@ -827,7 +827,6 @@ def test_decode_device_reads_the_whole_job_in_one_loader_pass_in_each_epochs_ord
         f"the batches are not the sampler's order of each epoch: {r}")
 
 
-
 # The thread that prepares --decode device batches on a GPU, started where it cannot start (no
 # GPU here: its set_device fails): the training thread must get the error, not wait for ever.
 THREAD_START_FAILS = r"""
@@ -858,6 +857,7 @@ def test_a_batch_thread_that_cannot_start_fails_training_instead_of_hanging_it(r
     last = logs.strip().splitlines()[-1]
     assert last.startswith("RAISED") and "none" not in last, (
         f"the training thread should get the batch thread's error: {last}\n{logs[-2000:]}")
+
 
 # --decode device with the workers decoding a share of each batch (CollateBytes) against the
 # GPU decoding all of it: the same image for every label, a file the CPU cannot decode left to
@@ -1085,7 +1085,6 @@ def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_imag
     assert report["page_cache"].startswith("warm"), report
 
 
-
 def test_bench_input_replay_rows_stop_the_loader_and_decode_once(run_in_image):
     """bench_input.py's device-replay row should take only the first epoch's batches from the
     loader and replay them (every batch still decoded), device-decode-once should also decode
@@ -1100,6 +1099,7 @@ def test_bench_input_replay_rows_stop_the_loader_and_decode_once(run_in_image):
     assert rows["device-replay"].get("batches") == {"loaded": 4, "replayed": 8, "decoded": 12}, rows
     assert rows["device-decode-once"].get("batches") == {"loaded": 4, "replayed": 8, "decoded": 4}, rows
     assert all(len(r.get("epoch_ips", [])) == 3 for r in rows.values()), rows
+
 
 def test_bench_amp_compiles_as_a_uid_without_a_passwd_entry(run_in_image):
     """scripts/bench_amp.py started without the entrypoint as a UID with no passwd entry (as
