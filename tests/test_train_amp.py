@@ -322,7 +322,9 @@ def test_sigusr2_prints_every_threads_stack_and_training_goes_on(start_container
                          "--progress", "lines", "--checkpoint-dir", ""])
     wait_for_log(c, r"epoch 1/100 step 2/", timeout=300)
     c.kill(signal="SIGUSR2")
-    logs = wait_for_log(c, r"(?s)Current thread 0x.*File .*train_amp\.py", timeout=60)
+    # Until the main thread's frame is in: faulthandler writes the dump a line at a time, and a
+    # read in the middle of it (one CI run) saw only the inner frames.
+    logs = wait_for_log(c, r"(?s)Current thread 0x.*train_amp\.py\", line \d+ in main", timeout=60)
     dump_at = logs.index("Current thread")
     assert re.search(r"File \"/usr/local/bin/train_amp\.py\", line \d+ in main", logs[dump_at:]), (
         f"the dump should show the main thread inside train_amp.py's main:\n{logs[dump_at:][-3000:]}")
