@@ -1245,9 +1245,39 @@ def pick_decode(args, device, paths, local_world=1):
                       " GPU, overlapped with training")
 
 
+# One stream per device on which only the JPEG decoder's images are allocated (see decode_jpegs).
+_DECODE_STREAMS = {}
+
+
 def decode_jpegs(datas, paths, device):
     """Decode a batch on the device -> (images, indices of the decoded ones, [(path, reason)]).
-    One batched call (nvJPEG); only when that fails, one call per file to find the bad ones."""
+    One batched call (nvJPEG); only when that fails, one call per file to find the bad ones.
+    On a GPU the caller's stream waits for the images, and the decoder is never handed memory
+    that the caller's stream still has queued work on (below)."""
+    if device.type != "cuda":
+        return _decode_jpegs(datas, paths, device)
+    # torchvision allocates the images on the current stream but writes them from a stream of
+    # its own that is not ordered after the current one (and nvJPEG's hardware engine ignores
+    # stream order anyway): pytorch/vision#9606. Decoding with the side stream current, the
+    # last batch's images, freed while its crop kernel was still queued there, could be handed
+    # to the decoder and overwritten before that kernel read them: silently wrong training
+    # images. So the images are allocated on a stream where nothing else ever runs, and
+    # recorded on the caller's: the allocator hands their memory out again only once the
+    # caller's stream is past every use of it. No host synchronisation.
+    caller = torch.cuda.current_stream(device)
+    own = _DECODE_STREAMS.get(device)
+    if own is None:
+        own = _DECODE_STREAMS[device] = torch.cuda.Stream(device)
+    with torch.cuda.stream(own):
+        imgs, keep, bad = _decode_jpegs(datas, paths, device)
+    caller.wait_stream(own)
+    for im in imgs:
+        im.record_stream(caller)
+    return imgs, keep, bad
+
+
+def _decode_jpegs(datas, paths, device):
+    """decode_jpegs with whatever stream is current."""
     from torchvision.io import ImageReadMode, decode_jpeg
     try:
         return decode_jpeg(datas, mode=ImageReadMode.RGB, device=device), range(len(datas)), []

@@ -4,6 +4,7 @@ the weights and the optimizer untouched, and training must go on with finite wei
 Guards a real failure: torch 2.11's fused SGD advanced its momentum on skipped steps, so the
 routine first-step overflow turned every weight into NaN (LibreYOLO/libreyolo#771)."""
 import importlib
+import io
 import math
 import pathlib
 import sys
@@ -72,6 +73,44 @@ def test_gpu_crop_kernel_matches_roi_align_on_the_gpu():
     # weight or flip differs by many levels.
     assert diff.max().item() < 2e-3, (
         f"fused crop vs roi_align: mean {diff.mean().item():.6f}, max {diff.max().item():.6f}")
+
+
+@pytest.mark.gpus(1)
+def test_device_decode_never_overwrites_images_the_callers_stream_still_reads():
+    """--decode device decodes on the batch thread's side stream and drops each batch's images
+    once their crop is queued there. The next batch's decode must not be handed that memory
+    while the crop is still queued: torchvision writes its images out of the caller's stream
+    order (pytorch/vision#9606), so the queued reads saw the next batch's pixels."""
+    from PIL import Image
+    ta = _train_amp()
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator().manual_seed(0)
+
+    def jpegs(n=16):
+        out = []
+        for _ in range(n):
+            px = torch.randint(0, 256, (256, 256, 3), dtype=torch.uint8, generator=gen)
+            buf = io.BytesIO()
+            Image.fromarray(px.numpy()).save(buf, format="JPEG", quality=90)
+            out.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
+        return out
+
+    first, second = jpegs(), jpegs()
+    paths = [f"{i}.jpg" for i in range(len(first))]
+    side = torch.cuda.Stream(dev)
+    wrong = 0
+    with torch.cuda.stream(side):
+        want = [im.sum(dtype=torch.int64).item() for im in ta.decode_jpegs(first, paths, dev)[0]]
+        for _ in range(5):
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of queued work ahead of the reads below
+            imgs = ta.decode_jpegs(first, paths, dev)[0]
+            sums = [im.sum(dtype=torch.int64) for im in imgs]  # queued behind the sleep
+            del imgs  # as the batch thread drops a batch's images once its crop is queued
+            ta.decode_jpegs(second, paths, dev)  # same sizes: the allocator's pick is that memory
+            side.synchronize()
+            wrong += [s.item() for s in sums] != want
+    assert wrong == 0, (f"in {wrong} of 5 rounds the first batch's queued reads saw other "
+                        "pixels: the decoder wrote into memory they had not read yet")
 
 
 @pytest.mark.gpus(1)
