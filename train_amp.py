@@ -1032,14 +1032,89 @@ class BadImages:
         return n
 
 
+# --decode workers: decode a JPEG at 1/2, 1/4 or 1/8 scale where the crop allows (draft_jpeg).
+# Off only to measure what it saves (bench_input.py) or to compare with torchvision's pixels.
+JPEG_DRAFT = True
+
+
+def open_image(path):
+    """The workers' loader: the file's header read, its pixels not yet decoded, so that the
+    transform can decode a JPEG at a reduced scale (draft_jpeg). PIL closes the file once the
+    pixels are loaded."""
+    from PIL import Image
+    return Image.open(path)
+
+
+def draft_jpeg(img, need):
+    """Have PIL decode a not yet loaded JPEG at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling:
+    fewer pixels to decode and to resize) where it still has at least `need` (width, height)
+    pixels. -> the factor from the original's coordinates to the decoded image's (1.0: full
+    scale). What the crop then resizes from has at least as many pixels as it needs, so the
+    output differs from a full decode only by the DCT's downscaling filter."""
+    if not JPEG_DRAFT or img.format != "JPEG":
+        return 1.0
+    width = img.size[0]
+    drafted = img.draft(None, (max(1, need[0]), max(1, need[1])))
+    # (mode, box): box is the whole original image in the decoded image's coordinates.
+    return drafted[1][2] / width if drafted else 1.0
+
+
+class CropFlip:
+    """The workers' training transform, on a PIL image not yet decoded: torchvision's
+    RandomResizedCrop (RRC_SCALE, RRC_RATIO; the same draws from torch's generator) + a
+    horizontal flip half the time + PILToTensor, decoding a JPEG at the smallest scale that
+    leaves the crop at least `size` pixels each way. At full scale the pixels are exactly
+    torchvision's (crop, then PIL's antialiased bilinear resize)."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def __call__(self, img):
+        from PIL import Image
+        from torchvision.transforms import RandomResizedCrop
+        from torchvision.transforms.v2.functional import pil_to_tensor
+        top, left, h, w = RandomResizedCrop.get_params(img, RRC_SCALE, RRC_RATIO)
+        width, height = img.size
+        f = draft_jpeg(img, (math.ceil(width * self.size / w), math.ceil(height * self.size / h)))
+        img = img.convert("RGB")
+        out = (img.crop((left, top, left + w, top + h)).resize((self.size,) * 2, Image.BILINEAR)
+               if f == 1.0 else
+               img.resize((self.size,) * 2, Image.BILINEAR,
+                          box=(left * f, top * f, (left + w) * f, (top + h) * f)))
+        if torch.rand(1) < 0.5:
+            out = out.transpose(Image.FLIP_LEFT_RIGHT)
+        return pil_to_tensor(out)
+
+
+class ResizeCentreCrop:
+    """The workers' validation transform, on a PIL image not yet decoded: torchvision's
+    Resize(size * 8 / 7) (the shorter side) + CenterCrop(size) + PILToTensor, decoding a JPEG
+    at the smallest scale that still has the resized image's pixels. At full scale the pixels
+    are exactly torchvision's."""
+
+    def __init__(self, size):
+        self.size, self.short = size, int(size * 8 / 7)
+
+    def __call__(self, img):
+        from PIL import Image
+        from torchvision.transforms.v2.functional import center_crop, pil_to_tensor
+        width, height = img.size
+        # torchvision's Resize(int) output size: the shorter side `short`, the longer rounded down.
+        if width <= height:
+            size = self.short, int(self.short * height / width)
+        else:
+            size = int(self.short * width / height), self.short
+        f = draft_jpeg(img, size)
+        img = img.convert("RGB")
+        img = img.resize(size, Image.BILINEAR,
+                         box=None if f == 1.0 else (0, 0, width * f, height * f))
+        return pil_to_tensor(center_crop(img, [self.size]))
+
+
 def image_transforms(image_size):
-    """The CPU path's (train, val) transforms: RandomResizedCrop + flip, Resize + CenterCrop."""
-    import torchvision.transforms.v2 as T
-    return (T.Compose([T.RandomResizedCrop(image_size, scale=RRC_SCALE, ratio=RRC_RATIO,
-                                           antialias=True),
-                       T.RandomHorizontalFlip(), T.PILToTensor()]),
-            T.Compose([T.Resize(int(image_size * 8 / 7), antialias=True),
-                       T.CenterCrop(image_size), T.PILToTensor()]))
+    """The CPU path's (train, val) transforms: RandomResizedCrop + flip, Resize + CenterCrop,
+    on images open_image opened (JPEGs decoded at a reduced scale where the crop allows)."""
+    return CropFlip(image_size), ResizeCentreCrop(image_size)
 
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
@@ -1109,8 +1184,8 @@ class TarShards(Dataset):
             if self.raw:
                 return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, name
             from PIL import Image
-            img = Image.open(io.BytesIO(data)).convert("RGB")
-            return (self.transform(img) if self.transform else img), label
+            img = Image.open(io.BytesIO(data))  # decoded by the transform (draft_jpeg)
+            return (self.transform(img) if self.transform else img.convert("RGB")), label
         except Exception as e:  # noqa: BLE001 - the sample is unusable, named by the main process
             return BadSample(name, error_text(e))
 
@@ -1148,8 +1223,8 @@ class ImageFolderData:
         train_dir, val_dir = (root / "train", root / "val") if (root / "train").is_dir() else (
             root, None)
         try:
-            self.train = CheckedImageFolder(str(train_dir), transform=train_tf)
-            self.val = (CheckedImageFolder(str(val_dir), transform=val_tf)
+            self.train = CheckedImageFolder(str(train_dir), transform=train_tf, loader=open_image)
+            self.val = (CheckedImageFolder(str(val_dir), transform=val_tf, loader=open_image)
                         if val_dir and val_dir.is_dir() else None)
         except (FileNotFoundError, OSError) as e:
             raise UsageError(f"--data {root}: no images found ({e}); an ImageFolder needs"

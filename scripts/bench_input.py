@@ -43,6 +43,7 @@ ABLATIONS = {"device-roi": ("device", " (crop by roi_align)", []),
              "device-graphs": ("device", *GRAPHS),
              "device-cpu30": ("device", " (workers decode 30%: 12 of them)",
                               ["--decode-cpu-share", "0.3", "--num-workers", "12"]),
+             "workers-full": ("workers", " (every JPEG decoded at full scale)", []),
 
              # Where the device path's time goes: without the loader (its first batches kept
              # and replayed), and also without the decode (each kept batch decoded once).
@@ -154,6 +155,7 @@ def row_settings(name):
         return result
 
     train_amp.FUSED_CROP = name != "device-roi"
+    train_amp.JPEG_DRAFT = name != "workers-full"
     if name == "device-gil":
         sys.setswitchinterval(GIL_SWITCH_S)
     if name in ("device-replay", "device-decode-once"):
@@ -161,7 +163,7 @@ def row_settings(name):
     try:
         yield stats
     finally:
-        train_amp.FUSED_CROP = True
+        train_amp.FUSED_CROP = train_amp.JPEG_DRAFT = True
         sys.setswitchinterval(switch)
         train_amp.DeviceBatches.passes, train_amp.decode_jpegs = passes, decode
 
@@ -233,6 +235,32 @@ def digits_accuracy(a, root):
     return res
 
 
+def cpu_decode_rate(folder, image_size, files=256, rounds=3):
+    """Images/s of one CPU core running the workers' transforms (open, decode, crop or resize,
+    flip, to tensor) on the set's first `files` JPEGs, JPEGs decoded at a reduced scale where
+    the crop allows (train_amp.JPEG_DRAFT) and at full scale, in alternating rounds (medians)."""
+    paths = sorted(pathlib.Path(folder).rglob("*.jpg"))[:files]
+    train_tf, val_tf = train_amp.image_transforms(image_size)
+    times = {}
+    for _ in range(rounds):
+        for draft in (True, False):
+            train_amp.JPEG_DRAFT = draft
+            for split, tf in (("train", train_tf), ("val", val_tf)):
+                torch.manual_seed(0)
+                t0 = time.perf_counter()
+                for p in paths:
+                    tf(train_amp.open_image(p))
+                times.setdefault((split, draft), []).append(time.perf_counter() - t0)
+    train_amp.JPEG_DRAFT = True
+    rate = {f"{split} {'reduced' if draft else 'full'}": len(paths) / statistics.median(t)
+            for (split, draft), t in times.items()}
+    for split in ("train", "val"):
+        print(f"  workers' {split} transform, one core: {rate[split + ' reduced']:.0f} images/s"
+              f" (JPEGs at full scale: {rate[split + ' full']:.0f}; x"
+              f"{rate[split + ' reduced'] / rate[split + ' full']:.2f})", flush=True)
+    return rate
+
+
 def profile_device_path(a, folder, batches=12):
     """Milliseconds per batch of each --decode device stage alone, the GPU synchronised after
     each: where the time goes when the device path does not keep up."""
@@ -300,7 +328,8 @@ def main():
                         " the loader: its first epoch's batches, up to"
                         f" {REPLAY_BATCHES}, replayed), device-decode-once (device-replay with"
                         " each kept batch decoded once), auto (no --decode: what the"
-                        " default picks), tar (the JPEGs as tar shards, default decode)")
+                        " default picks), tar (the JPEGs as tar shards, default decode),"
+                        " workers-full (workers, every JPEG decoded at full scale)")
     p.add_argument("--jpeg-dir", default="/tmp/bench_input")
     p.add_argument("--out", default="bench_input.json")
     p.add_argument("--device", default="cuda", help="cuda (default); cpu: smoke test only")
@@ -310,8 +339,12 @@ def main():
     p.add_argument("--accuracy-epochs", type=int, default=15)
     p.add_argument("--profile", action="store_true",
                    help="also time each stage of --decode device alone, per batch")
+    p.add_argument("--cpu-decode", action="store_true",
+                   help="also time the workers' transforms on one CPU core, JPEGs decoded at a"
+                        " reduced scale where the crop allows vs at full scale (no GPU needed"
+                        " for this part: with --rows '' it is all that runs)")
     a = p.parse_args()
-    if a.device == "cuda" and not torch.cuda.is_available():
+    if a.device == "cuda" and a.rows and not torch.cuda.is_available():
         sys.exit("bench_input.py needs a CUDA GPU (--device cpu only smoke-tests it)")
     a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
     folder = pathlib.Path(a.jpeg_dir) / "jpeg"
@@ -320,7 +353,7 @@ def main():
         make_imagefolder(folder, a.images, a.classes, a.max_side)
     files = list(folder.rglob("*.jpg"))
     size = sum(f.stat().st_size for f in files)
-    rows = a.rows.split(",")
+    rows = [r for r in a.rows.split(",") if r]
     if "tar" in rows and not any((pathlib.Path(a.jpeg_dir) / "shards").glob("*.tar")):
         make_shards(folder, pathlib.Path(a.jpeg_dir) / "shards")
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
@@ -348,6 +381,8 @@ def main():
         plan[name] = (plan[base][0], plan[base][1] + flags)
     if a.profile:
         rep["profile"] = profile_device_path(a, folder)
+    if a.cpu_decode:
+        rep["cpu_decode"] = cpu_decode_rate(folder, a.image_size)
     for name in rows:
         data, extra = plan[name]
         with row_settings(name) as stats:
@@ -395,6 +430,9 @@ def print_report(rep):
         ref = syn.get("synthetic-graphs" if r["label"].endswith("-graphs") else "synthetic")
         ratio = f"{r['ips'] / ref['ips']:.2f}" if ref else "n/a"
         print(f"| {data} | {decode} | {r['ips']:.0f} | {ratio} |")
+    if rep.get("cpu_decode"):
+        print("\nworkers' transforms on one CPU core, images/s: " + ", ".join(
+            f"{k} {v:.0f}" for k, v in rep["cpu_decode"].items()))
     if rep.get("profile"):
         print("\n--decode device, each stage alone (ms per batch, median): " + ", ".join(
             f"{k} {v:.1f}" for k, v in rep["profile"].items()))

@@ -770,6 +770,77 @@ def test_device_augmentation_has_the_cpu_paths_crop_and_flip_statistics(run_in_i
     assert r["resize_mean_abs_diff"] < 1.0, f"resize filter differs (0-255 scale): {r}"
 
 
+# The workers' transforms (CropFlip, ResizeCentreCrop) against torchvision's RandomResizedCrop +
+# flip and Resize + CenterCrop on a photo-sized JPEG and an ImageNet-sized one, with the same
+# torch seed: pixels, the draws they take from torch's generator, and the scale decoded. Prints JSON.
+WORKER_TRANSFORMS = r"""
+import io, json, sys, numpy as np, torch
+import torchvision.transforms.v2 as T
+from PIL import Image
+sys.path.insert(0, "/usr/local/bin")
+import train_amp
+
+def jpeg(h, w):
+    rng = np.random.default_rng(h)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.stack([np.sin(xx / rng.uniform(20, 200)) * 60 + np.cos(yy / rng.uniform(20, 200)) * 60
+                    + 128 for _ in range(3)], -1) + rng.normal(0, 14, (h, w, 3))
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+ref_train = T.Compose([T.RandomResizedCrop(224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                                           antialias=True), T.RandomHorizontalFlip(), T.PILToTensor()])
+ref_val = T.Compose([T.Resize(256, antialias=True), T.CenterCrop(224), T.PILToTensor()])
+train, val = train_amp.image_transforms(224)
+scales, draft = [], train_amp.draft_jpeg
+def spy(img, need):
+    scales.append(draft(img, need))
+    return scales[-1]
+train_amp.draft_jpeg = spy
+out = {}
+for name, data in (("photo", jpeg(1836, 3264)), ("imagenet", jpeg(375, 500))):
+    for on in (False, True):
+        train_amp.JPEG_DRAFT, key = on, f"{name} draft {'on' if on else 'off'}"
+        scales.clear()
+        diffs, same_draws = [], 0
+        for seed in range(24):
+            torch.manual_seed(seed)
+            a = ref_train(Image.open(io.BytesIO(data)).convert("RGB"))
+            after_ref = torch.rand(1).item()
+            torch.manual_seed(seed)
+            b = train(Image.open(io.BytesIO(data)))
+            same_draws += torch.rand(1).item() == after_ref
+            diffs.append((a.float() - b.float()).abs().mean().item())
+        a = ref_val(Image.open(io.BytesIO(data)).convert("RGB"))
+        b = val(Image.open(io.BytesIO(data)))
+        out[key] = {"train_diff": max(diffs), "same_draws": same_draws, "shape": list(b.shape),
+                    "val_diff": (a.float() - b.float()).abs().mean().item(),
+                    "reduced": sum(f < 1 for f in scales), "decoded": len(scales)}
+print(json.dumps(out))
+"""
+
+
+def test_workers_decode_large_jpegs_at_reduced_scale_with_torchvisions_crops(run_in_image):
+    """The workers' transforms should draw torchvision's crops and flips (the same generator
+    draws) and give its exact pixels at full scale; a photo should be decoded at a reduced
+    scale (draft_jpeg) for every crop that allows it, within a level or so of a full decode."""
+    code, logs = run_in_image(["python3", "-c", WORKER_TRANSFORMS], timeout=300)
+    assert code == 0, f"exited {code}:\n{logs}"
+    r = json.loads(logs.strip().splitlines()[-1])
+    for key, v in r.items():
+        assert v["same_draws"] == 24 and v["shape"] == [3, 224, 224], f"{key}: {v}"
+    for key in ("photo draft off", "imagenet draft off", "imagenet draft on"):
+        assert r[key]["train_diff"] == 0 and r[key]["val_diff"] == 0, (
+            f"{key}: at full scale the pixels should be torchvision's exactly: {r}")
+    assert r["imagenet draft on"]["reduced"] == 0, f"a 500 px JPEG has no scale to spare: {r}"
+    photo = r["photo draft on"]
+    # A 3264 x 1836 photo: every validation resize and most crops decode at 1/2 or less.
+    assert photo["reduced"] >= 12, f"the photo was decoded at full scale: {photo}"
+    assert photo["train_diff"] < 2.0 and photo["val_diff"] < 2.0, (
+        f"reduced-scale decoding should differ from a full decode by a level or two: {photo}")
+
+
 # --decode device over 3 epochs and a resume into epoch 2's second batch: which files each
 # training batch decoded, against the sampler's order of each epoch, and how many times a
 # loader was iterated for training (PlanBatches). Prints JSON.
