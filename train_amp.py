@@ -52,19 +52,22 @@ except ImportError:
 # (a Ranks and a StopRequest), and its loader alone with ImageFolderData/collate_bytes,
 # sizing pools and workers with cpu_cores (as bench_input.py does);
 # bench_input.py also times the --decode device stages (decode_jpegs, random_crop_boxes,
-# batch_generator, crop_to_batch, FUSED_CROP) and writes digits_split out as JPEGs; the tests
+# batch_generator, crop_to_batch, FUSED_CROP) and the workers' transforms (image_transforms,
+# open_image, JPEG_DRAFT), and writes digits_split out as JPEGs; the tests
 # call main in-process, spy on build_model/train_step/load_checkpoint, step with make_optimizer,
 # compare random_crop_boxes/decode_on_device/crop_resize with torchvision's CPU transforms and
 # crop_to_batch's kernel with its roi_align path (use_fused_crop, PAD_GROUP_ELEMS), the
 # workers' share of the decoding with the device's (CollateBytes, BadImages), one loader pass
-# for the job (Trainer, its sampler and train_set), and CUDA graphs (wrap_model, build_model).
+# for the job (Trainer, its sampler and train_set), CUDA graphs (wrap_model, build_model) and
+# the workers' transforms with torchvision's (image_transforms, draft_jpeg, JPEG_DRAFT).
 __all__ = [
     "BadImages", "CollateBytes", "ImageFolderData", "Ranks", "StopRequest", "Trainer",
     "UsageError", "batch_generator", "benchmark",
     "build_model", "build_parser", "check_model_name", "collate_bytes", "cpu_cores", "crop_resize",
     "crop_to_batch", "decode_jpegs", "decode_on_device", "device_name", "digits_split",
-    "fill_defaults",
-    "load_checkpoint", "main", "make_optimizer", "normalise", "random_crop_boxes", "train",
+    "draft_jpeg", "fill_defaults", "image_transforms",
+    "load_checkpoint", "main", "make_optimizer", "normalise", "open_image", "random_crop_boxes",
+    "train",
     "train_step", "wrap_model", "writable_home",
 ]
 
