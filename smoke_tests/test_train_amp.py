@@ -114,6 +114,51 @@ def test_device_decode_never_overwrites_images_the_callers_stream_still_reads():
 
 
 @pytest.mark.gpus(1)
+def test_device_batches_are_right_when_their_crops_lag_behind_the_next_decode(monkeypatch):
+    """DeviceBatches must not let the next batch's decode write into images whose crop is still
+    queued (pytorch/vision#9606, see decode_jpegs). Each crop is held back here behind a sleep
+    kernel while the thread decodes the next batch into images of the same sizes: every batch
+    must still equal the same batch decoded and cropped with the GPU idle in between (without
+    the guard, on an H200, they differed from the first batch on)."""
+    from PIL import Image
+    ta = _train_amp()
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator().manual_seed(1)
+    loader = []
+    for _ in range(8):
+        files = []
+        for _ in range(16):
+            px = torch.randint(0, 256, (240, 320, 3), dtype=torch.uint8, generator=gen)
+            buf = io.BytesIO()
+            Image.fromarray(px.numpy()).save(buf, format="JPEG", quality=90)
+            files.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
+        packed = ta.JpegBatch(torch.cat(files), torch.tensor([len(f) for f in files]),
+                              [f"{i}.jpg" for i in range(16)], [])
+        loader.append((packed, torch.arange(16)))
+    batches = ta.DeviceBatches(loader, 64, dev, True, True, ta.BadImages(), seed=3)
+    want = []
+    for k, (x, y) in enumerate(loader):
+        want.append(batches.prepare(0, k, x, y)[0].clone())
+        torch.cuda.synchronize()
+    crop = ta.crop_to_batch
+
+    def lagging(*args):
+        torch.cuda._sleep(50_000_000)  # ~25 ms queued ahead of the crop on the batch stream
+        return crop(*args)
+
+    monkeypatch.setattr(ta, "crop_to_batch", lagging)
+    try:
+        got = [x.clone() for x, _ in batches]
+    finally:
+        batches.close()
+    torch.cuda.synchronize()
+    wrong = [k for k, (g, w) in enumerate(zip(got, want)) if not torch.equal(g, w)]
+    assert len(got) == len(want) and not wrong, (
+        f"batches {wrong} of {len(want)} differ: their images were decoded into before their"
+        " crops read them")
+
+
+@pytest.mark.gpus(1)
 def test_train_amp_decode_device_trains_whole_epochs_and_counts_bad_files_per_epoch(tmp_path):
     """train_amp --decode device should train several epochs from JPEGs on the GPU with one
     producer thread running ahead across epoch ends, validate, and count a skipped unreadable
