@@ -6,8 +6,9 @@ images/s over whole epochs (the first, warm-up/compile epoch excluded) and the J
     python scripts/bench_input.py --out /tmp/bench_input.json
 
 Every row is train_amp.train() with the default flags (AMP, channels_last, torch.compile on a
-GPU), in this process, one after the other. The JPEGs are written by this script just before,
-so they are in the page cache (the report says so and how big the set is): the figures are
+GPU), in this process, one after the other (--repeat N: all the rows N times, interleaved,
+reported as median and range). The JPEGs are written (or, already there, read) by this script
+just before, so they are in the page cache (the report says so and how big the set is): the figures are
 the warm-cache rate of a data set that fits in RAM, the case where the CPU or GPU, not the
 disk, sets the pace. --device cpu with a tiny model is the CI smoke test of this script."""
 import argparse
@@ -330,6 +331,10 @@ def main():
                         " each kept batch decoded once), auto (no --decode: what the"
                         " default picks), tar (the JPEGs as tar shards, default decode),"
                         " workers-full (workers, every JPEG decoded at full scale)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the rows N times, interleaved (all rows, then all again): the"
+                        " report gives each row's median and the range of its ratios, since"
+                        " the device path varies from run to run far more than synthetic data")
     p.add_argument("--jpeg-dir", default="/tmp/bench_input")
     p.add_argument("--out", default="bench_input.json")
     p.add_argument("--device", default="cuda", help="cuda (default); cpu: smoke test only")
@@ -390,14 +395,17 @@ def main():
         rep["profile"] = profile_device_path(a, folder)
     if a.cpu_decode:
         rep["cpu_decode"] = cpu_decode_rate(folder, a.image_size)
-    for name in rows:
-        data, extra = plan[name]
-        with row_settings(name) as stats:
-            row = run(name, a, data, extra)
-        if any(stats.values()):
-            row["batches"] = stats
-        rep["rows"].append(row)
-        pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
+    rep["repeat"] = a.repeat
+    for round_ in range(a.repeat):
+        for name in rows:
+            data, extra = plan[name]
+            with row_settings(name) as stats:
+                row = run(name, a, data, extra)
+            if any(stats.values()):
+                row["batches"] = stats
+            row["round"] = round_ + 1
+            rep["rows"].append(row)
+            pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
     if a.accuracy:
         rep["accuracy"] = digits_accuracy(a, pathlib.Path(a.jpeg_dir) / "digits")
         pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
@@ -411,17 +419,26 @@ def main():
 
 def print_report(rep):
     """The table; each row's ratio is to the synthetic row with the same CUDA graphs setting
-    (synthetic-graphs for the -graphs rows), from the same run."""
-    syn = {r["label"]: r for r in rep["rows"] if r["label"].startswith("synthetic") and "ips" in r}
+    (synthetic-graphs for the -graphs rows) of the same round. With --repeat: a line per row
+    name, the median of its rounds' images/s and ratios, and the ratios' range."""
+    syn = {(r["label"], r.get("round", 1)): r["ips"] for r in rep["rows"]
+           if r["label"].startswith("synthetic") and "ips" in r}
+    named = {}
+    for r in rep["rows"]:
+        named.setdefault(r["label"], []).append(r)
     if rep["rows"]:  # with --rows '' only the parts asked for below are reported
         print(f"\n## Input pipeline: {rep['model']}, batch {rep['batch_size']},"
               f" {rep['image_size']}px, train_amp.py defaults\n")
         print(f"{rep['gpu']}, {rep['cpus']} CPU cores, torch {rep['torch']}; {rep['images']}"
               f" JPEGs ({rep['mean_kib']:.0f} KiB mean); median images/s of epochs"
               f" 2-{rep['epochs']} (whole epochs); page cache {rep['page_cache']}.\n")
-        print("| data | --decode | images/s | vs synthetic |")
+        rounds = len(rep["rows"]) > len(named)
+        print("| data | --decode | images/s" + (f" (median, range of {rep['repeat']}"
+              " interleaved rounds)" if rounds else "") + " | vs synthetic"
+              + (" (of the same round)" if rounds else "") + " |")
         print("|---|---|---:|---:|")
-    for r in rep["rows"]:
+    for label, runs in named.items():
+        r = runs[0]
         base = ABLATIONS.get(r["label"], (r["label"],))[0]
         data = {"synthetic": "synthetic (in memory)", "tar": "tar shards"}.get(
             base, "JPEG ImageFolder")
@@ -432,12 +449,22 @@ def print_report(rep):
             decode += f" ({rep['cpus'] - 1} workers)"
         if r["label"] in ABLATIONS:
             decode += ABLATIONS[r["label"]][1]
-        if "error" in r:
-            print(f"| {data} | {decode} | error: {r['error'][:80]} | |")
+        failed = [x for x in runs if "error" in x]
+        if failed:
+            print(f"| {data} | {decode} | error ({len(failed)} of {len(runs)}):"
+                  f" {failed[0]['error'][:80]} | |")
             continue
-        ref = syn.get("synthetic-graphs" if r["label"].endswith("-graphs") else "synthetic")
-        ratio = f"{r['ips'] / ref['ips']:.2f}" if ref else "n/a"
-        print(f"| {data} | {decode} | {r['ips']:.0f} | {ratio} |")
+        ref = "synthetic-graphs" if label.endswith("-graphs") else "synthetic"
+        ratios = [x["ips"] / syn[(ref, x.get("round", 1))] for x in runs
+                  if (ref, x.get("round", 1)) in syn]
+        ips = [x["ips"] for x in runs]
+        spread = f"{statistics.median(ips):.0f}"
+        if len(ips) > 1:
+            spread += f" ({min(ips):.0f}-{max(ips):.0f})"
+        ratio = f"{statistics.median(ratios):.2f}" if ratios else "n/a"
+        if len(ratios) > 1:
+            ratio += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+        print(f"| {data} | {decode} | {spread} | {ratio} |")
     if rep.get("cpu_decode"):
         print(f"\nworkers' transforms on one CPU core ({rep['images']} JPEGs,"
               f" {rep['mean_kib']:.0f} KiB mean), images/s: " + ", ".join(

@@ -1142,18 +1142,22 @@ def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
 
 def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_image):
     """scripts/bench_input.py (synthetic vs JPEG images/s) should make its JPEGs and tar shards and
-    print images/s per --decode path with the ratio to synthetic data: tiny, on CPU."""
+    print images/s per --decode path with the ratio to synthetic data, over interleaved rounds
+    with --repeat (median and range): tiny, on CPU."""
     script = ("python /repo/scripts/bench_input.py --device cpu --model resnet18 --image-size 32"
               " --batch-size 16 --images 64 --classes 4 --max-side 96 --epochs 2"
-              " --rows synthetic,device,tar --jpeg-dir /tmp/bi --out /tmp/bi.json"
+              " --rows synthetic,device,tar --repeat 2 --jpeg-dir /tmp/bi --out /tmp/bi.json"
               " && cat /tmp/bi.json")
     logs = run_repo_script(run_in_image, script)
-    assert re.search(r"^\| JPEG ImageFolder \| device \| \d+ \| [\d.]+ \|$", logs,
-                     re.MULTILINE), f"no JPEG row with a ratio:\n{logs}"
+    assert re.search(r"^\| JPEG ImageFolder \| device \| \d+ \(\d+-\d+\) \|"
+                     r" [\d.]+ \([\d.]+-[\d.]+\) \|$", logs, re.MULTILINE), (
+        f"no JPEG row with its median, range and ratio:\n{logs}")
     report = json.loads(logs[logs.index("\n{") + 1:])
+    assert [(r["label"], r["round"]) for r in report["rows"]] == [
+        (label, k) for k in (1, 2) for label in ("synthetic", "device", "tar")], report["rows"]
     rows = {r["label"]: r for r in report["rows"]}
-    assert set(rows) == {"synthetic", "device", "tar"}, report["rows"]
-    assert all(r.get("ips", 0) > 0 and len(r["epoch_ips"]) == 2 for r in rows.values()), rows
+    assert all(r.get("ips", 0) > 0 and len(r["epoch_ips"]) == 2 for r in report["rows"]), (
+        report["rows"])
     assert rows["tar"]["decode"] == "workers", f"auto on CPU must pick workers: {rows['tar']}"
     assert report["page_cache"].startswith("warm"), report
 
