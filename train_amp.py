@@ -23,6 +23,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -1301,6 +1302,32 @@ def cpu_cores(local_world=1):
     return max(1, cores // max(1, local_world))
 
 
+def large_jpeg_note(paths, image_size, sample=32):
+    """A note when the data set's JPEGs are far larger than the training crop needs (their
+    median shorter side at least 4x image_size, read from the headers of up to `sample` files
+    spread over the set), else None. Decoding such photos, not the model, sets the pace."""
+    from PIL import Image
+    jpegs = [p for p in paths if p.lower().endswith(JPEG_SUFFIXES)]
+    picked = jpegs[::max(1, -(-len(jpegs) // sample))]
+    sizes = []
+    for path in picked:
+        try:
+            with Image.open(path) as img:  # the header only: nothing is decoded
+                sizes.append(img.size)
+        except OSError:
+            continue  # an unreadable file is reported when it is loaded
+    if not sizes:
+        return None
+    short = statistics.median(min(s) for s in sizes)
+    if short < 4 * image_size:
+        return None
+    w, h = (statistics.median(s[i] for s in sizes) for i in (0, 1))
+    return (f"note: the JPEGs are large (median {w:.0f} x {h:.0f} px over {len(sizes)} sampled,"
+            f" shorter side {short / image_size:.0f}x the {image_size} px crop): decoding them,"
+            " not the model, will likely set the pace; pre-resizing their shorter side to"
+            f" {image_size * 8 // 7} px (README: Pre-resize) removes most of that cost")
+
+
 def pick_decode(args, device, paths, local_world=1):
     """--decode auto -> ('workers' or 'device', why)."""
     if args.decode != "auto":
@@ -1833,8 +1860,12 @@ def load_data(args, device=None, ranks=None):
     folder = ImageFolderData(args.data, args.image_size, "workers")
     args.decode_used, why = pick_decode(args, device, folder.paths,
                                         ranks.local_world if ranks else 1)
-    if args.decode == "auto" and (ranks is None or ranks.main):
-        print(f"--decode auto: {args.decode_used} ({why})", flush=True)
+    if ranks is None or ranks.main:
+        if args.decode == "auto":
+            print(f"--decode auto: {args.decode_used} ({why})", flush=True)
+        note = large_jpeg_note(folder.paths, args.image_size)
+        if note:
+            print(note, flush=True)
     if args.decode_used == "device":
         folder.to_bytes()
     return (folder.train, folder.val, len(folder.classes),

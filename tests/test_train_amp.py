@@ -663,6 +663,23 @@ def test_imagefolder_of_jpegs_trains_and_validates(run_in_image, decode):
     assert code == 0, f"exited {code}:\n{logs}"
     assert "(48 train images, 2 classes, 32px)" in logs, f"ImageFolder not read:\n{logs}"
     assert re.search(r"^epoch 1/1: .* val_acc [\d.]+%", logs, re.MULTILINE), f"no val accuracy:\n{logs}"
+    assert "JPEGs are large" not in logs, f"a size note for 40 x 30 px JPEGs:\n{logs}"
+
+
+def test_large_jpegs_get_a_note_to_pre_resize_them(run_in_image):
+    """JPEGs far larger than the training crop (here 640 x 480 px for 32 px) should get one
+    note at start naming their size and the pre-resize size (the 40 x 30 px ones of the test
+    above get none)."""
+    make = MAKE_JPEGS.replace("(40, 30)", "(640, 480)")
+    assert make != MAKE_JPEGS
+    script = (f"python3 - <<'EOF'\n{make}\nEOF\n"
+              "exec train_amp.py --data imgs --model resnet18 --image-size 32 --batch-size 16"
+              " --epochs 1 --num-workers 2 --checkpoint-dir ''")
+    code, logs = run_in_image(["bash", "-c", script])
+    assert code == 0, f"exited {code}:\n{logs}"
+    assert logs.count("note: the JPEGs are large (median 640 x 480 px over 24 sampled") == 1, (
+        f"no (or more than one) size note:\n{logs}")
+    assert "shorter side to 36 px (README: Pre-resize)" in logs, logs
 
 
 @pytest.fixture(scope="module", params=["workers", "device"])
