@@ -8,9 +8,9 @@ images/s over whole epochs (the first, warm-up/compile epoch excluded) and the J
 Every row is train_amp.train() with the default flags (AMP, channels_last, torch.compile on a
 GPU), in this process, one after the other (--repeat N: all the rows N times, interleaved,
 reported as median and range). The JPEGs are written (or, already there, read) by this script
-just before, so they are in the page cache (the report says so and how big the set is): the figures are
-the warm-cache rate of a data set that fits in RAM, the case where the CPU or GPU, not the
-disk, sets the pace. --device cpu with a tiny model is the CI smoke test of this script."""
+just before, so they are in the page cache (the report says so and how big the set is): the
+figures are the warm-cache rate of a data set that fits in RAM, the case where the CPU or GPU,
+not the disk, sets the pace. --device cpu with a tiny model is the CI smoke test of this script."""
 import argparse
 import contextlib
 import io
@@ -438,17 +438,16 @@ def print_report(rep):
               + (" (of the same round)" if rounds else "") + " |")
         print("|---|---|---:|---:|")
     for label, runs in named.items():
-        r = runs[0]
-        base = ABLATIONS.get(r["label"], (r["label"],))[0]
+        base = ABLATIONS.get(label, (label,))[0]
         data = {"synthetic": "synthetic (in memory)", "tar": "tar shards"}.get(
             base, "JPEG ImageFolder")
-        decode = r.get("decode") or "-"
-        if r["label"] in ("auto", "tar"):
+        decode = runs[0].get("decode") or "-"
+        if label in ("auto", "tar"):
             decode = f"auto -> {decode}"
-        if r["label"] == "workers-all":
+        if label == "workers-all":
             decode += f" ({rep['cpus'] - 1} workers)"
-        if r["label"] in ABLATIONS:
-            decode += ABLATIONS[r["label"]][1]
+        if label in ABLATIONS:
+            decode += ABLATIONS[label][1]
         failed = [x for x in runs if "error" in x]
         if failed:
             print(f"| {data} | {decode} | error ({len(failed)} of {len(runs)}):"
