@@ -26,6 +26,19 @@ def _train_amp():
     pytest.skip("train_amp.py is neither beside smoke_tests/ nor in /usr/local/bin")
 
 
+def _noise_jpegs(gen, n, h, w):
+    """n JPEG files (quality 90) of h x w px of random pixels, as the uint8 CPU tensors
+    train_amp's decoder takes."""
+    from PIL import Image
+    out = []
+    for _ in range(n):
+        px = torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=gen)
+        buf = io.BytesIO()
+        Image.fromarray(px.numpy()).save(buf, format="JPEG", quality=90)
+        out.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
+    return out
+
+
 @pytest.mark.gpus(1)
 def test_train_amp_fp16_overflow_step_is_skipped_and_training_stays_finite():
     """train_amp's fp16 step should skip an overflow step cleanly and then train on."""
@@ -81,21 +94,10 @@ def test_device_decode_never_overwrites_images_the_callers_stream_still_reads():
     once their crop is queued there. The next batch's decode must not be handed that memory
     while the crop is still queued: torchvision writes its images out of the caller's stream
     order (pytorch/vision#9606), so the queued reads saw the next batch's pixels."""
-    from PIL import Image
     ta = _train_amp()
     dev = torch.device("cuda", 0)
     gen = torch.Generator().manual_seed(0)
-
-    def jpegs(n=16):
-        out = []
-        for _ in range(n):
-            px = torch.randint(0, 256, (256, 256, 3), dtype=torch.uint8, generator=gen)
-            buf = io.BytesIO()
-            Image.fromarray(px.numpy()).save(buf, format="JPEG", quality=90)
-            out.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
-        return out
-
-    first, second = jpegs(), jpegs()
+    first, second = _noise_jpegs(gen, 16, 256, 256), _noise_jpegs(gen, 16, 256, 256)
     paths = [f"{i}.jpg" for i in range(len(first))]
     side = torch.cuda.Stream(dev)
     wrong = 0
@@ -120,18 +122,12 @@ def test_device_batches_are_right_when_their_crops_lag_behind_the_next_decode(mo
     kernel while the thread decodes the next batch into images of the same sizes: every batch
     must still equal the same batch decoded and cropped with the GPU idle in between (without
     the guard, on an H200, they differed from the first batch on)."""
-    from PIL import Image
     ta = _train_amp()
     dev = torch.device("cuda", 0)
     gen = torch.Generator().manual_seed(1)
     loader = []
     for _ in range(8):
-        files = []
-        for _ in range(16):
-            px = torch.randint(0, 256, (240, 320, 3), dtype=torch.uint8, generator=gen)
-            buf = io.BytesIO()
-            Image.fromarray(px.numpy()).save(buf, format="JPEG", quality=90)
-            files.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
+        files = _noise_jpegs(gen, 16, 240, 320)
         packed = ta.JpegBatch(torch.cat(files), torch.tensor([len(f) for f in files]),
                               [f"{i}.jpg" for i in range(16)], [])
         loader.append((packed, torch.arange(16)))
