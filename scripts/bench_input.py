@@ -187,6 +187,10 @@ def run(label, a, data, extra=()):
                    compile=r["compile"], cuda_graphs=r["cuda_graphs"], amp=r["config"]["amp"],
                    channels_last=r["channels_last"], decode=getattr(args, "decode_used", None),
                    train_acc=r["history"][-1]["train_acc"])
+        if row["decode"] == "workers":
+            row.update(steps_per_epoch=r["history"][0]["steps"], num_workers=(
+                args.num_workers if args.num_workers is not None
+                else train_amp.default_workers(train_amp.SampleFormat.DECODED)))
     except Exception as e:  # noqa: BLE001 - report it, keep the other rows
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     # The row's wall time, set-up and compilation included: where a slow run's time went.
@@ -417,6 +421,22 @@ def main():
     md.write_text(buf.getvalue())
 
 
+def few_batches_cautions(rep):
+    """A line for each row whose workers outnumbered half its batches an epoch. A worker makes
+    whole batches, so then most of them sit idle while the last batches of each epoch are
+    made: such a row (photos in a small set: 8 batches of 256 for 15 workers gave 208
+    images/s on the H200) understates what the workers deliver on a larger set."""
+    seen = {}
+    for r in rep["rows"]:
+        steps, workers = r.get("steps_per_epoch"), r.get("num_workers")
+        if steps and workers and steps < 2 * workers:
+            seen.setdefault(r["label"], (steps, workers))
+    return [f"caution: the {label} row had {steps} batches an epoch for {workers} workers, each"
+            " of which makes whole batches: its figure understates the workers on a larger set"
+            f" (--images {2 * workers * rep['batch_size']} or more gives each worker two"
+            " batches an epoch)" for label, (steps, workers) in seen.items()]
+
+
 def print_report(rep):
     """The table; each row's ratio is to the synthetic row with the same CUDA graphs setting
     (synthetic-graphs for the -graphs rows) of the same round. With --repeat: a line per row
@@ -433,8 +453,11 @@ def print_report(rep):
               f" JPEGs ({rep['mean_kib']:.0f} KiB mean); median images/s of epochs"
               f" 2-{rep['epochs']} (whole epochs); page cache {rep['page_cache']}.\n")
         rounds = len(rep["rows"]) > len(named)
-        print("| data | --decode | images/s" + (f" (median, range of {rep['repeat']}"
-              " interleaved rounds)" if rounds else "") + " | vs synthetic"
+        # A name given twice in --rows (no --repeat) also makes several rows of one name.
+        many = (f"{rep['repeat']} interleaved rounds" if rep["repeat"] > 1 else
+                f"up to {max(len(v) for v in named.values())} rows of one name")
+        print("| data | --decode | images/s" + (f" (median, range of {many})"
+              if rounds else "") + " | vs synthetic"
               + (" (of the same round)" if rounds else "") + " |")
         print("|---|---|---:|---:|")
     for label, runs in named.items():
@@ -464,6 +487,8 @@ def print_report(rep):
         if len(ratios) > 1:
             ratio += f" ({min(ratios):.2f}-{max(ratios):.2f})"
         print(f"| {data} | {decode} | {spread} | {ratio} |")
+    for line in few_batches_cautions(rep):
+        print(f"\n{line}")
     if rep.get("cpu_decode"):
         print(f"\nworkers' transforms on one CPU core ({rep['images']} JPEGs,"
               f" {rep['mean_kib']:.0f} KiB mean), images/s: " + ", ".join(
