@@ -1747,6 +1747,7 @@ class DeviceBatches:
         self.channels_last, self.train, self.bad_images = channels_last, train, bad_images
         self.plan, self.seed = list(plan or [(0, 0, len(loader))]), seed
         self.queue, self.stopping, self.worker, self.inline = None, threading.Event(), None, None
+        self.passes_left = len(self.plan)
 
     def prepare(self, epoch, k, x, y):
         gen = (batch_generator((self.seed * 1000 + epoch) * 1_000_003 + k) if self.train
@@ -1781,6 +1782,17 @@ class DeviceBatches:
             if pass_epoch != epoch:
                 raise RuntimeError(f"DeviceBatches: epoch {epoch} asked, {pass_epoch} prepared")
             if batch is None:
+                self.passes_left -= 1
+                if self.inline is not None and not self.passes_left:
+                    # The plan is done: end the generator now, which drops the loader's
+                    # iterator and so shuts its workers down here and now. Left in its cycle
+                    # (the generator holds self, self holds it), the iterator lived on, workers
+                    # and all, until the garbage collector ran its __del__ - once inside a
+                    # worker that a later DataLoader had forked, which broke that loader's
+                    # pipes: its next batch never came (EOFError) and the run died (seen in CI
+                    # on CPU, in validation, after two epochs).
+                    self.inline.close()
+                    self.inline = None
                 return
             x, y, bad = batch
             self.bad_images.report(bad)
@@ -1836,7 +1848,11 @@ class DeviceBatches:
         return False
 
     def close(self):
-        """Stop the thread (it may be preparing batches nobody will train on)."""
+        """Stop the thread (it may be preparing batches nobody will train on), or end the
+        inline generator of a job stopped part-way (above: why not leave it to the collector)."""
+        if self.inline is not None:
+            self.inline.close()
+            self.inline = None
         self.stopping.set()
         while self.worker is not None and self.worker.is_alive():
             try:

@@ -917,6 +917,49 @@ def test_decode_device_reads_the_whole_job_in_one_loader_pass_in_each_epochs_ord
         f"the batches are not the sampler's order of each epoch: {r}")
 
 
+# After each validation of a --decode device run on CPU: the DataLoader worker processes alive
+# and the loader iterators that still exist. The garbage collector is off, so an iterator kept
+# only by a reference cycle stays (as it did until the collector happened to run, once inside a
+# later loader's forked worker, where its __del__ broke that loader's pipes: EOFError in CI).
+VAL_WORKERS_END = r"""
+import gc, json, multiprocessing, sys, torch
+sys.path.insert(0, "/usr/local/bin")
+import train_amp
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+gc.disable()
+after, evaluate = [], train_amp.evaluate
+def counting(*a, **k):
+    result = evaluate(*a, **k)
+    after.append({"workers": len(multiprocessing.active_children()),
+                  "iterators": sum(isinstance(o, _MultiProcessingDataLoaderIter)
+                                   for o in gc.get_objects())})
+    return result
+train_amp.evaluate = counting
+args = train_amp.build_parser().parse_args([
+    "--data", "imgs", "--decode", "device", "--model", "resnet18", "--image-size", "32",
+    "--batch-size", "16", "--epochs", "3", "--num-workers", "2", "--checkpoint-dir", "",
+    "--progress", "none", "--device", "cpu"])
+train_amp.fill_defaults(args)
+train_amp.Trainer(args, train_amp.Ranks(), torch.device("cpu"), train_amp.StopRequest()).run()
+print(json.dumps(after))
+"""
+
+
+def test_decode_device_validation_shuts_its_workers_down_when_each_validation_ends(run_in_image):
+    """--decode device (here on CPU, where batches are prepared inline) should let go of each
+    validation's loader iterator when the validation ends, so that its workers exit there and
+    then, not whenever the garbage collector - maybe in a later loader's worker - gets to it."""
+    script = (f"python3 - <<'EOF'\n{MAKE_JPEGS}\nEOF\n"
+              f"python3 - <<'EOF'\n{VAL_WORKERS_END}\nEOF\n")
+    code, logs = run_in_image(["bash", "-c", script], timeout=300)
+    assert code == 0, f"exited {code}:\n{logs}"
+    after = json.loads(logs.strip().splitlines()[-1])
+    # Left: the training loader's 2 persistent workers and its one iterator while the job's
+    # single training pass lasts; by the last validation that pass is over: nothing.
+    assert after == [{"workers": 2, "iterators": 1}] * 2 + [{"workers": 0, "iterators": 0}], (
+        f"validation workers or iterators outlived their validation: {after}")
+
+
 # The thread that prepares --decode device batches on a GPU, started where it cannot start (no
 # GPU here: its set_device fails): the training thread must get the error, not wait for ever.
 THREAD_START_FAILS = r"""
