@@ -1747,7 +1747,6 @@ class DeviceBatches:
         self.channels_last, self.train, self.bad_images = channels_last, train, bad_images
         self.plan, self.seed = list(plan or [(0, 0, len(loader))]), seed
         self.queue, self.stopping, self.worker, self.inline = None, threading.Event(), None, None
-        self.passes_left = len(self.plan)
 
     def prepare(self, epoch, k, x, y):
         gen = (batch_generator((self.seed * 1000 + epoch) * 1_000_003 + k) if self.train
@@ -1782,8 +1781,7 @@ class DeviceBatches:
             if pass_epoch != epoch:
                 raise RuntimeError(f"DeviceBatches: epoch {epoch} asked, {pass_epoch} prepared")
             if batch is None:
-                self.passes_left -= 1
-                if self.inline is not None and not self.passes_left:
+                if self.inline is not None and pass_epoch == self.plan[-1][0]:
                     # The plan is done: end the generator now, which drops the loader's
                     # iterator and so shuts its workers down here and now. Left in its cycle
                     # (the generator holds self, self holds it), the iterator lived on, workers
@@ -1791,8 +1789,7 @@ class DeviceBatches:
                     # worker that a later DataLoader had forked, which broke that loader's
                     # pipes: its next batch never came (EOFError) and the run died (seen in CI
                     # on CPU, in validation, after two epochs).
-                    self.inline.close()
-                    self.inline = None
+                    self.close()
                 return
             x, y, bad = batch
             self.bad_images.report(bad)

@@ -1222,26 +1222,35 @@ def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_imag
     assert report["page_cache"].startswith("warm"), report
 
 
+def bench_report_logs(run_in_image, body):
+    """The logs of bench_input.print_report called by `body`, in the image, through
+    report(images, rows): a ResNet-50 batch-256 report of those rows, made up, no training."""
+    return run_repo_script(run_in_image, f"""python - <<'EOF'
+import sys
+sys.path.insert(0, "/repo/scripts")
+import bench_input
+def report(images, rows):
+    bench_input.print_report({{
+        "model": "resnet50", "batch_size": 256, "image_size": 224, "gpu": "GPU", "cpus": 16,
+        "torch": "2", "images": images, "mean_kib": 85, "epochs": 4, "page_cache": "warm",
+        "repeat": 1, "rows": rows}})
+{body}
+EOF""")
+
+
 def test_bench_input_warns_when_an_epoch_has_too_few_batches_for_its_workers(run_in_image):
     """bench_input.py's report should say that a workers row understates the workers when they
     outnumber half its batches an epoch (photos in a small set: 8 batches for 15 workers), and
     say nothing when each worker gets two batches an epoch."""
-    script = """python - <<'EOF'
-import sys
-sys.path.insert(0, "/repo/scripts")
-import bench_input
+    logs = bench_report_logs(run_in_image, """
 for steps in (8, 30):
     print(f"== {steps} batches an epoch")
-    bench_input.print_report({
-        "model": "resnet50", "batch_size": 256, "image_size": 224, "gpu": "GPU", "cpus": 16,
-        "torch": "2", "images": steps * 256, "mean_kib": 1800, "epochs": 4, "page_cache": "warm",
-        "repeat": 1, "rows": [
-            {"label": "synthetic", "ips": 6400.0, "round": 1},
-            {"label": "workers", "decode": "workers", "ips": 208.0, "round": 1,
-             "steps_per_epoch": steps, "num_workers": 15},
-            {"label": "device", "decode": "device", "ips": 850.0, "round": 1}]})
-EOF"""
-    logs = run_repo_script(run_in_image, script)
+    report(steps * 256, [
+        {"label": "synthetic", "ips": 6400.0, "round": 1},
+        {"label": "workers", "decode": "workers", "ips": 208.0, "round": 1,
+         "steps_per_epoch": steps, "num_workers": 15},
+        {"label": "device", "decode": "device", "ips": 850.0, "round": 1}])
+""")
     few, enough = logs.split("== 30 batches an epoch")
     assert re.search(r"^caution: the workers row had 8 batches an epoch for 15 workers.*"
                      r"--images 7680 or more", few, re.MULTILINE), f"no caution:\n{few}"
@@ -1252,17 +1261,10 @@ EOF"""
 def test_bench_input_header_counts_rows_of_one_name_without_repeat(run_in_image):
     """A row name given twice in --rows (no --repeat) should get a header that counts its rows,
     not "a range of 1 interleaved rounds"."""
-    script = """python - <<'EOF'
-import sys
-sys.path.insert(0, "/repo/scripts")
-import bench_input
-bench_input.print_report({
-    "model": "resnet50", "batch_size": 256, "image_size": 224, "gpu": "GPU", "cpus": 16,
-    "torch": "2", "images": 8192, "mean_kib": 85, "epochs": 8, "page_cache": "warm",
-    "repeat": 1, "rows": [{"label": "synthetic", "ips": 6400.0, "round": 1}] + [
-        {"label": "device", "decode": "device", "ips": v, "round": 1} for v in (5500.0, 5700.0)]})
-EOF"""
-    logs = run_repo_script(run_in_image, script)
+    logs = bench_report_logs(run_in_image, """
+report(8192, [{"label": "synthetic", "ips": 6400.0, "round": 1}] + [
+    {"label": "device", "decode": "device", "ips": v, "round": 1} for v in (5500.0, 5700.0)])
+""")
     assert "(median, range of up to 2 rows of one name)" in logs, logs
     assert "interleaved rounds" not in logs, logs
     assert re.search(r"^\| JPEG ImageFolder \| device \| 5600 \(5500-5700\) \| 0\.88 \(0\.86-0\.89\) \|$",
