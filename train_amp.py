@@ -100,7 +100,8 @@ examples:
 AMP: autocast runs matmuls/convolutions in 16 bits while the weights stay FP32. fp16 needs
 a GradScaler (scale -> backward -> unscale_ -> clip_grad_norm_ -> step -> update); bf16 has
 FP32's range and needs none. --amp auto picks bf16 where the GPU has it (Ampere and newer),
-else fp16; on CPU it means bf16 autocast. SIGTERM (docker stop, a scheduler's preemption)
+else fp16; on a CPU bf16 where it computes it (AVX512-BF16 or AMX), else FP32: emulated bf16
+is about 10x slower (--amp bf16 still forces it, with a warning). SIGTERM (docker stop, a scheduler's preemption)
 saves a checkpoint at the end of the current step and exits 0; --resume continues there.
 
 checkpoints: a run never replaces another run's CHECKPOINT_DIR/last.pt by surprise: if one is
@@ -120,11 +121,13 @@ but they could not form one job (no master address, or no rendezvous within --di
 never N separate copies of the run.
 
 launchers: torchrun (its variables win, also torchrun inside srun); srun with one task per
-process (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; master = first host of SLURM_JOB_NODELIST,
-port MASTER_PORT or 10000 + SLURM_JOB_ID % 20000); Kubeflow PyTorchJob pods started without
+process (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, also beside the RANK/LOCAL_RANK that pyxis
+adds without WORLD_SIZE; master = first host of SLURM_JOB_NODELIST, port MASTER_PORT or
+10000 + SLURM_JOB_ID % 20000); Kubeflow PyTorchJob pods started without
 torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT: one process per pod); Kubeflow Trainer
 TrainJob nodes started without torchrun (PET_NNODES/PET_NODE_RANK/PET_MASTER_*, only with
-PET_NPROC_PER_NODE=1); else one process. The first line says which one was detected."""
+PET_NPROC_PER_NODE=1); else one process. RANK or WORLD_SIZE set alone is refused (exit 5).
+The first line says which one was detected."""
 
 
 class UsageError(Exception):
@@ -261,7 +264,9 @@ def build_parser():
     g = p.add_argument_group("precision and speed")
     g.add_argument("--amp", choices=("auto", "fp16", "bf16", "off"), default="auto",
                    help="autocast dtype. auto: bf16 on GPUs that have it, else fp16 (with"
-                        " GradScaler); bf16 on CPU. off: FP32 (default: auto)")
+                        " GradScaler); on CPU bf16 where the CPU computes it (AVX512-BF16 or"
+                        " AMX), else FP32 (emulated bf16 is ~10x slower). off: FP32"
+                        " (default: auto)")
     g.add_argument("--tf32", action="store_true",
                    help="let FP32 matmuls/convolutions use TF32 tensor cores (default: off, so"
                         " --amp off is strict FP32)")
@@ -336,7 +341,7 @@ def build_parser():
 # What the first line of a run calls each launch_env() result.
 LAUNCHERS = {
     "torchrun": "torchrun",
-    "env": "RANK/WORLD_SIZE/LOCAL_RANK set (enroot's PyTorch hook, or by hand)",
+    "env": "RANK/WORLD_SIZE/LOCAL_RANK set (enroot's optional PyTorch hook, or by hand)",
     "slurm": "srun, one task per process (SLURM_PROCID/SLURM_NTASKS)",
     "pytorchjob": "Kubeflow PyTorchJob pod without torchrun (RANK/WORLD_SIZE: one process"
                   " per pod)",
@@ -421,9 +426,10 @@ def first_slurm_host(nodelist):
 
 
 def _from_torchrun(env):
-    """torchrun (TORCHELASTIC_RUN_ID) or anything else that sets LOCAL_RANK, e.g. enroot's
-    50-slurm-pytorch.sh hook under pyxis. Also torchrun run by srun: its variables win."""
-    if "TORCHELASTIC_RUN_ID" not in env and "LOCAL_RANK" not in env:
+    """torchrun (TORCHELASTIC_RUN_ID), or LOCAL_RANK with WORLD_SIZE from anything else, e.g.
+    enroot's optional 50-slurm-pytorch.sh hook under pyxis. Also torchrun run by srun: its
+    variables win. LOCAL_RANK without WORLD_SIZE is pyxis's own remap: _from_partial_env."""
+    if "TORCHELASTIC_RUN_ID" not in env and not ("LOCAL_RANK" in env and "WORLD_SIZE" in env):
         return None
     world = _env_int(env, "WORLD_SIZE", 1, low=1)
     rank = _env_int(env, "RANK", 0)
@@ -502,14 +508,41 @@ def _from_trainjob(env):
                      _env_int(env, "PET_MASTER_PORT", 29500))
 
 
+def _from_partial_env(env):
+    """Last: RANK/WORLD_SIZE/LOCAL_RANK that no launcher above accounted for. pyxis copies
+    SLURM_PROCID -> RANK and SLURM_LOCALID -> LOCAL_RANK into every task of an image that sets
+    PYTORCH_VERSION, and no WORLD_SIZE (pyxis_slurmstepd.c, pytorch_remap_list): with several
+    tasks _from_slurm has taken it, so here it is a Slurm task of one. Anything else that sets
+    RANK or WORLD_SIZE alone describes a job it does not give: refuse, never train as rank 0
+    of 1 beside the job's other processes."""
+    rank, world = ((env.get(k) or "").strip() for k in ("RANK", "WORLD_SIZE"))
+    procid = (env.get("SLURM_PROCID") or "").strip()
+    if procid and not world and rank in ("", procid):
+        return None  # pyxis's remap in a single-task step
+    if rank and not world:
+        raise LaunchError(f"RANK={rank} is set but WORLD_SIZE is not: for a job of several"
+                          " processes start it with torchrun (or set WORLD_SIZE, MASTER_ADDR"
+                          " and MASTER_PORT too); for one process unset RANK")
+    if world and world != "1" and not rank:
+        raise LaunchError(f"WORLD_SIZE={world} is set but RANK is not: for a job of several"
+                          " processes start it with torchrun (or set RANK, MASTER_ADDR and"
+                          " MASTER_PORT too); for one process unset WORLD_SIZE")
+    if "LOCAL_RANK" in env:  # e.g. LOCAL_RANK=1 alone: which GPU, in a job of one
+        return LaunchEnv("env", 0, 1, _env_int(env, "LOCAL_RANK", 0),
+                         _env_int(env, "LOCAL_WORLD_SIZE", 1, low=1))
+    return None
+
+
 def launch_env(env=None):
     """How this process was started, in this order: torchrun's variables (also torchrun inside
-    srun), srun tasks (SLURM_NTASKS > 1 with SLURM_PROCID), a Kubeflow PyTorchJob pod,
-    a Kubeflow TrainJob node, else a single process. Never raises: a launcher whose variables
+    srun), srun tasks (SLURM_NTASKS > 1 with SLURM_PROCID; also with pyxis's RANK/LOCAL_RANK),
+    a Kubeflow PyTorchJob pod, a Kubeflow TrainJob node, an incomplete RANK/WORLD_SIZE
+    (refused), else a single process. Never raises: a launcher whose variables
     say "several processes" but that cannot form one job comes back with .problem set."""
     env = os.environ if env is None else env
     for launcher, detect in (("torchrun", _from_torchrun), ("slurm", _from_slurm),
-                             ("pytorchjob", _from_pytorchjob), ("trainjob", _from_trainjob)):
+                             ("pytorchjob", _from_pytorchjob), ("trainjob", _from_trainjob),
+                             ("env", _from_partial_env)):
         try:
             found = detect(env)
         except LaunchError as e:
@@ -633,6 +666,34 @@ def pick_device(args, ranks):
     return torch.device("cuda", ranks.local_rank if ranks.local_rank < n else 0)
 
 
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below AVX512_CORE_BF16: oneDNN then emulates bf16.
+EMULATED_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                      "AVX512_CORE_VNNI")
+
+
+def cpu_bf16():
+    """(native, why): whether this CPU computes bf16 in hardware (x86 AVX512-BF16 or AMX),
+    and why, in words for the start line. Elsewhere oneDNN emulates bf16: a resnet18 step
+    then takes about 10x as long as in FP32 (13x measured at 64 px; benchmarks/results/
+    2026-12-05-cpu-bf16.md). With the hardware, bf16 is the faster choice at real image sizes
+    (1.65x FP32 at 224 px on an AVX512-BF16 EPYC)."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "")
+    if cap.upper() in EMULATED_BF16_ISAS:
+        return False, f"ONEDNN_MAX_CPU_ISA={cap} keeps oneDNN off the CPU's bf16 instructions"
+    # torch's own checks (cpuinfo, what its kernels dispatch on); /proc/cpuinfo where absent.
+    checks = {"AMX": "_is_amx_tile_supported", "AVX512-BF16": "_is_avx512_bf16_supported"}
+    if all(hasattr(torch.cpu, f) for f in checks.values()):
+        have = [name for name, f in checks.items() if getattr(torch.cpu, f)()]
+    else:
+        flags = set(re.findall(r"\w+", pathlib.Path("/proc/cpuinfo").read_text()
+                               if os.path.exists("/proc/cpuinfo") else ""))
+        have = [name for name, f in (("AMX", "amx_bf16"), ("AVX512-BF16", "avx512_bf16"))
+                if f in flags]
+    if have:
+        return True, f"this CPU has {have[0]}"
+    return False, "this CPU has no AVX512-BF16 or AMX: bf16 would be emulated, about 10x slower"
+
+
 def resolve_amp(mode, device):
     """The autocast dtype for --amp on this device (None = FP32)."""
     if mode == "off":
@@ -641,7 +702,7 @@ def resolve_amp(mode, device):
         if mode == "fp16":
             raise UsageError("--amp fp16 needs a CUDA GPU (float16 autocast with GradScaler);"
                              " on CPU use --amp bf16 (or auto), or --amp off")
-        return torch.bfloat16
+        return torch.bfloat16 if mode == "bf16" or cpu_bf16()[0] else None
     # bf16 tensor cores arrived with Ampere (sm_80); older GPUs only emulate it, slowly.
     has_bf16 = torch.cuda.get_device_capability(device)[0] >= 8
     if mode == "bf16" and not has_bf16:
@@ -654,6 +715,13 @@ def resolve_amp(mode, device):
 
 def amp_name(dtype):
     return {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def amp_choice(mode, device, dtype):
+    """--amp as the start line shows it: the dtype, and for auto on a CPU, why."""
+    if mode != "auto":
+        return amp_name(dtype)
+    return f"{amp_name(dtype)} (auto{': ' + cpu_bf16()[1] if device.type == 'cpu' else ''})"
 
 
 def check_compiler(device):
@@ -2701,12 +2769,13 @@ class Trainer:
     # -- output
 
     def _log_start(self):
-        args, amp = self.args, amp_name(self.amp_dtype)
+        args = self.args
         self.ranks.print_on_main(
             f"{self.label}: data={args.data} ({len(self.train_set)} train images,"
             f" {self.num_classes} classes, {args.image_size}px) device={self.device.type}"
-            f" world_size={self.ranks.world} batch={args.batch_size}/process amp={amp}"
-            f"{' (auto)' if args.amp == 'auto' else ''} grad_scaler={self.scaler.is_enabled()}"
+            f" world_size={self.ranks.world} batch={args.batch_size}/process"
+            f" amp={amp_choice(args.amp, self.device, self.amp_dtype)}"
+            f" grad_scaler={self.scaler.is_enabled()}"
             f" channels_last={self.channels_last} compile={self.compiled}"
             f"{' (tuned)' if self.compiled and tuning_on() else ''}"
             f" cuda_graphs={self.graphs} tf32={args.tf32}"
@@ -2822,7 +2891,9 @@ def compare(args, ranks, device, stop):
     common = {**vars(args), "checkpoint_dir": "", "resume": None}
     fp32_args = argparse.Namespace(**{**common, "amp": "off", "tf32": False})
     amp_args = argparse.Namespace(**common)
-    amp_dtype = resolve_amp(args.amp, device)
+    if args.amp == "auto" and device.type == "cpu":
+        amp_args.amp = "bf16"  # what --compare measures, even where it is emulated (warned)
+    amp_dtype = resolve_amp(amp_args.amp, device)
     if amp_dtype is None:
         raise UsageError("--compare with --amp off has nothing to compare: use --amp auto,"
                          " bf16 or fp16")
@@ -2854,8 +2925,9 @@ def compare(args, ranks, device, stop):
         extra = fmt(r, ".2f") + "x" if r is not None else (
             f"{b - a:+.2f} pt" if "accuracy" in name and a is not None else "n/a")
         table.append(f"| {name} | {fmt(a, spec)} | {fmt(b, spec)} | {extra} |")
-    note = ("CPU run: FP32 vs bf16 autocast (no GPU, no GradScaler); CPU speed says nothing"
-            " about GPU tensor cores." if device.type == "cpu" else
+    note = ("CPU run: FP32 vs bf16 autocast (no GPU, no GradScaler"
+            f"{'' if cpu_bf16()[0] else '; bf16 emulated: ' + cpu_bf16()[1]}); CPU speed says"
+            " nothing about GPU tensor cores." if device.type == "cpu" else
             f"GPU: {device_name(device)}; AMP {aname}"
             f"{' with GradScaler' if amp_dtype == torch.float16 else ' (no GradScaler needed)'}.")
     head = (f"{args.model}, --data {args.data}, {args.image_size}px, batch {args.batch_size}"
@@ -2930,7 +3002,12 @@ def check_args(args, ranks):
                                                                   or args.compare):
         raise UsageError("--resume without a path needs --checkpoint-dir")
     device = pick_device(args, ranks)
-    resolve_amp(args.amp, device)  # --amp fp16 on CPU, bf16 on a GPU without it
+    amp_dtype = resolve_amp(args.amp, device)  # --amp fp16 on CPU, bf16 on a GPU without it
+    if device.type == "cpu" and (amp_dtype or args.compare and args.amp == "auto"):
+        native, why = cpu_bf16()
+        if not native:
+            ranks.print_on_main(f"{PROG}: warning: bf16 autocast runs emulated here ({why});"
+                                " --amp off trains in FP32 at full speed", file=sys.stderr)
     if args.cuda_graphs == "on":  # needs --compile and a GPU, one process
         use_cuda_graphs(args, device, ranks, use_compile(args, device))
     if args.compile in ("on", "tuned"):

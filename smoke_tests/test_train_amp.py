@@ -218,3 +218,42 @@ def test_cuda_graphs_replay_the_compiled_step_and_train_the_same_losses():
     for a, b in zip(losses["off"], losses["on"]):
         assert math.isclose(a, b, rel_tol=2e-2, abs_tol=1e-2), (
             f"CUDA graphs changed the losses: {losses['off']} vs {losses['on']}")
+
+
+def _fake_cpu_bf16(monkeypatch, avx512_bf16, amx):
+    """Make train_amp see a CPU with or without bf16 hardware (torch's own cpuinfo checks)."""
+    for var in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, want", [
+    (False, False, None), (True, False, torch.bfloat16), (False, True, torch.bfloat16)])
+def test_amp_auto_on_cpu_is_bf16_only_where_the_cpu_computes_it(monkeypatch, avx512_bf16, amx, want):
+    """--amp auto on a CPU should pick bf16 only with AVX512-BF16 or AMX, else FP32 (None);
+    --amp bf16 should still give bf16 on any CPU."""
+    ta = _train_amp()
+    _fake_cpu_bf16(monkeypatch, avx512_bf16, amx)
+    cpu = torch.device("cpu")
+    assert ta.resolve_amp("auto", cpu) == want, f"avx512_bf16={avx512_bf16} amx={amx}"
+    assert ta.resolve_amp("bf16", cpu) == torch.bfloat16, "an explicit --amp bf16 must still run"
+
+
+def test_amp_auto_on_a_cpu_without_bf16_says_fp32_and_why_and_bf16_warns(monkeypatch, capfd):
+    """On a CPU without bf16 hardware, --amp auto's start line should say FP32 and why; an
+    explicit --amp bf16 should train with a one-line warning that it is emulated."""
+    ta = _train_amp()
+    _fake_cpu_bf16(monkeypatch, False, False)
+    job = ["--device", "cpu", "--model", "resnet18", "--data", "synthetic", "--synthetic-size",
+           "8", "--num-classes", "2", "--image-size", "32", "--batch-size", "8", "--steps", "1",
+           "--checkpoint-dir", ""]
+    assert ta.main([*job, "--amp", "auto"]) == 0
+    out, err = capfd.readouterr()
+    assert "amp=off (auto: this CPU has no AVX512-BF16 or AMX" in out, out
+    assert "warning" not in err, f"--amp auto chose FP32: nothing to warn about\n{err}"
+    assert ta.main([*job, "--amp", "bf16"]) == 0
+    out, err = capfd.readouterr()
+    assert " amp=bf16 " in out, out
+    warnings = [ln for ln in err.splitlines() if "warning: bf16 autocast runs emulated" in ln]
+    assert len(warnings) == 1, f"expected one emulation warning:\n{err}"
