@@ -10,7 +10,9 @@ import dataclasses
 import datetime
 import difflib
 import enum
+import errno
 import faulthandler
+import fcntl
 import getpass
 import importlib
 import io
@@ -23,6 +25,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -83,8 +86,8 @@ GiB = 2 ** 30
 MiB = 2 ** 20
 # Exit statuses besides 0 (done, or stopped by SIGTERM after saving) and 1 (a bug: traceback).
 EXIT_USAGE, EXIT_DIVERGED, EXIT_SAVE_FAILED, EXIT_LAUNCH = 2, 3, 4, 5
-# The one file name the start-up write test uses (and removes again).
-PROBE_NAME = ".train_amp-write-test.tmp"
+# The start-up write test's file (.PID added; removed again).
+PROBE_NAME = ".train_amp-write-test"
 
 EPILOG = """\
 examples:
@@ -107,8 +110,10 @@ saves a checkpoint at the end of the current step and exits 0; --resume continue
 checkpoints: a run never replaces another run's CHECKPOINT_DIR/last.pt by surprise: if one is
 there, add --resume to continue it, give another --checkpoint-dir for a new run (also for one
 continued with --resume PATH), or add --overwrite to replace it (at this run's first save).
-A save goes to last.tmp, is fsynced, then renamed over last.pt, so a kill or a full disk
-leaves the previous last.pt intact; a last.tmp left by a kill -9 is removed at the next start.
+A save goes to last.HOST.PID.tmp, is fsynced, then renamed over last.pt, so a kill or a full
+disk leaves the previous last.pt intact; a temp file left by a kill -9 is removed at the next
+start. A run locks its CHECKPOINT_DIR (.train_amp.lock, flock): a second run into the same
+folder is refused at start, naming the first one's PID and host.
 The directory is created and write-tested before any training. A checkpoint is never written
 from non-finite weights.
 
@@ -2107,8 +2112,42 @@ def set_rng_state(st):
 
 
 def temp_path(path):
-    """Where a checkpoint is written before the rename: CHECKPOINT_DIR/last.tmp."""
-    return pathlib.Path(path).with_suffix(".tmp")
+    """Where this process writes a checkpoint before the rename: CHECKPOINT_DIR/last.HOST.PID.tmp,
+    its own even where two runs share the folder unlocked (a file system without flock)."""
+    path = pathlib.Path(path)
+    return path.with_name(f"{path.stem}.{socket.gethostname()}.{os.getpid()}.tmp")
+
+
+# The checkpoint folder's lock file, and the locks this process holds (until it exits: the
+# kernel drops a flock with its last descriptor, also after a kill -9).
+LOCK_NAME = ".train_amp.lock"
+_held_locks = []
+
+
+def lock_checkpoint_dir(folder):
+    """Take CHECKPOINT_DIR's lock for this process, or raise UsageError naming the run that
+    holds it: two runs saving into one folder would overwrite each other's last.pt. -> whether
+    the folder is locked (False: its file system has no flock, e.g. Lustre without -o flock)."""
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "PID unknown"
+        os.close(fd)
+        raise UsageError(f"--checkpoint-dir {folder} is in use by another train_amp run"
+                         f" ({holder}): wait for it to end or stop it, or give this run"
+                         " another --checkpoint-dir") from None
+    except OSError as e:
+        os.close(fd)
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        return False
+    os.ftruncate(fd, 0)
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    os.pwrite(fd, f"PID {os.getpid()} on host {socket.gethostname()}, started {started}\n"
+              .encode(), 0)
+    _held_locks.append(fd)
+    return True
 
 
 def fsync(path):
@@ -2146,7 +2185,7 @@ def save_checkpoint(path, state):
     except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as a RuntimeError
         while e.__context__ is not None:  # the first failure says most ("file write failed")
             e = e.__context__
-        reason = error_text(e)
+        reason, code = error_text(e), getattr(e, "errno", None)
     else:
         with contextlib.suppress(OSError):  # the rename durable too; not every FS can fsync a dir
             fsync(path.parent)
@@ -2155,10 +2194,12 @@ def save_checkpoint(path, state):
     # last.tmp, open; only now does removing it give the space back.
     with contextlib.suppress(OSError):
         tmp.unlink(missing_ok=True)
-    raise SaveFailed(save_failure(path, tensor_bytes(state), reason))
+    raise SaveFailed(save_failure(path, tensor_bytes(state), reason, code))
 
 
-def save_failure(path, need, reason):
+def save_failure(path, need, reason, code=None):
+    """The words for a failed save, by its cause: no space (ENOSPC, a quota, or less free than
+    a checkpoint needs), or anything else (a missing file or folder, permissions, I/O)."""
     folder = path.parent
     try:
         du = shutil.disk_usage(folder)
@@ -2167,12 +2208,18 @@ def save_failure(path, need, reason):
     except OSError:
         space, full = f"the free space in {folder} is unknown", False
     held = checkpoint_summary(path)
-    kept = (f"{path} still holds {held}: --resume continues from it once there is room" if held
-            else f"there is no earlier {path.name}")
-    return (f"could not write a checkpoint to {folder}{': the disk is full' if full else ''}"
-            f" ({reason}). {space} MiB, and a checkpoint needs about {need / MiB:.0f} MiB"
-            f" beside the previous one until it replaces it. The partial {temp_path(path).name}"
-            f" was removed and {kept}. Free space there, or give another --checkpoint-dir")
+    partial = f"The partial {temp_path(path).name} was removed and"
+    if full or code in (errno.ENOSPC, errno.EDQUOT):
+        kept = (f"{path} still holds {held}: --resume continues from it once there is room"
+                if held else f"there is no earlier {path.name}")
+        return (f"could not write a checkpoint to {folder}{': the disk is full' if full else ''}"
+                f" ({reason}). {space} MiB, and a checkpoint needs about {need / MiB:.0f} MiB"
+                f" beside the previous one until it replaces it. {partial} {kept}. Free space"
+                " there, or give another --checkpoint-dir")
+    kept = f"{path} still holds {held}" if held else f"there is no earlier {path.name}"
+    return (f"could not write a checkpoint to {folder} ({reason}). {partial} {kept}. Check"
+            f" that {folder} stays writable and that nothing else (another program, a clean-up"
+            " job) removes or replaces files in it")
 
 
 def checkpoint_summary(path):
@@ -2188,13 +2235,25 @@ def checkpoint_summary(path):
 
 
 def check_checkpoint_dir(args, ranks):
-    """Before any work: refuse to replace another run's last.pt by surprise, prove that the
-    directory can be written (not only after the whole training), and remove a last.tmp that a
-    killed save left (it can hold gigabytes). Rank 0 only: it is the only writer."""
+    """Before any work: lock the directory against a second run, refuse to replace another
+    run's last.pt by surprise, prove that the directory can be written (not only after the
+    whole training), and remove the partial checkpoints that killed saves left (they can hold
+    gigabytes). Rank 0 only: it is the only writer."""
     if not args.checkpoint_dir or args.benchmark or args.compare or not ranks.main:
         return  # --benchmark and --compare write no checkpoints
     folder = pathlib.Path(args.checkpoint_dir)
     last = folder / "last.pt"
+    probe = folder / f"{PROBE_NAME}.{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # First the lock: a running run's last.pt and temp files are not this run's business.
+        locked = lock_checkpoint_dir(folder)
+        probe.write_bytes(b"train_amp.py write test\n")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"--checkpoint-dir {folder} cannot be written ({error_text(e)}): give"
+                         " a directory this user can write (e.g. under /workspace), fix its"
+                         " permissions, or --checkpoint-dir '' to save nothing") from None
     if last.exists() and not (args.overwrite or continues(args.resume, last)):
         held = checkpoint_summary(last) or "unreadable: not a train_amp checkpoint?"
         if args.resume:  # continuing another checkpoint would save over this one
@@ -2204,22 +2263,19 @@ def check_checkpoint_dir(args, ranks):
         raise UsageError(f"{last} already holds a run ({held}): add --resume to continue it,"
                          " give another --checkpoint-dir for a new run, or add --overwrite to"
                          " replace it")
-    probe = folder / PROBE_NAME
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"train_amp.py write test\n")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"--checkpoint-dir {folder} cannot be written ({error_text(e)}): give"
-                         " a directory this user can write (e.g. under /workspace), fix its"
-                         " permissions, or --checkpoint-dir '' to save nothing") from None
-    stale = temp_path(last)
-    with contextlib.suppress(FileNotFoundError):
-        size = stale.stat().st_size
-        stale.unlink()
-        ranks.print_on_main(f"removed {stale} ({size / MiB:.1f} MiB): a partial checkpoint"
-                            " left by a save that was interrupted (killed); last.pt was not"
-                            " affected")
+    if not locked:
+        ranks.print_on_main(f"{PROG}: warning: {folder}'s file system cannot lock files"
+                            " (flock), so another run saving into it would not be noticed;"
+                            " partial checkpoints left there are not removed", file=sys.stderr)
+        return
+    # Locked: every temp file in the folder is a partial checkpoint of a run that was killed.
+    for stale in sorted({*folder.glob(f"{last.stem}.*.tmp"), folder / f"{last.stem}.tmp"}):
+        with contextlib.suppress(FileNotFoundError):
+            size = stale.stat().st_size
+            stale.unlink()
+            ranks.print_on_main(f"removed {stale} ({size / MiB:.1f} MiB): a partial checkpoint"
+                                " left by a save that was interrupted (killed); last.pt was not"
+                                " affected")
 
 
 def continues(resume, last):

@@ -257,3 +257,22 @@ def test_amp_auto_on_a_cpu_without_bf16_says_fp32_and_why_and_bf16_warns(monkeyp
     assert " amp=bf16 " in out, out
     warnings = [ln for ln in err.splitlines() if "warning: bf16 autocast runs emulated" in ln]
     assert len(warnings) == 1, f"expected one emulation warning:\n{err}"
+
+
+def test_a_save_whose_temp_file_vanished_is_not_called_a_full_disk(monkeypatch, tmp_path):
+    """A save that fails for another reason than space (here its temp file removed by someone
+    else before the rename) should say what happened, not 'free space' or 'the disk is full'."""
+    ta = _train_amp()
+    real_fsync = ta.fsync
+
+    def fsync_then_vanish(path):
+        real_fsync(path)
+        if str(path).endswith(".tmp"):
+            pathlib.Path(path).unlink()
+    monkeypatch.setattr(ta, "fsync", fsync_then_vanish)
+    with pytest.raises(ta.SaveFailed) as err:
+        ta.save_checkpoint(tmp_path / "ck" / "last.pt", {"w": torch.zeros(4)})
+    msg = str(err.value)
+    assert "FileNotFoundError" in msg and "there is no earlier last.pt" in msg, msg
+    for wrong in ("disk is full", "Free space", "once there is room", "MiB free"):
+        assert wrong not in msg, f"a vanished file was worded as a space problem ({wrong!r}): {msg}"

@@ -565,8 +565,10 @@ def test_disk_full_during_a_save_keeps_last_pt_and_removes_the_temp_file(run_in_
     assert full["rc"] == 4, f"a save to a full disk exited {full['rc']}, not 4:\n{show(full)}"
     err = full["err"][-1] if full["err"] else ""
     for part in ("could not write a checkpoint to /ck: the disk is full", "MiB free of 150",
-                 "last.tmp was removed", "/ck/last.pt still holds global step 8"):
+                 "/ck/last.pt still holds global step 8", "Free space there"):
         assert part in err, f"the error lacks {part!r}: {err}"
+    assert re.search(r"The partial last\.\S+\.\d+\.tmp was removed", err), (
+        f"the error does not name the removed temp file: {err}")
     assert "Traceback" not in "\n".join(full["err"]), f"a traceback:\n{show(full)}"
     listing = re.findall(r"^LS (.*)$", logs, re.MULTILINE)
     assert not [n for n in listing if n.endswith(".tmp")], f"a temp file was left: {listing}"
@@ -590,10 +592,40 @@ def test_unwritable_checkpoint_dir_fails_before_training(run_in_image, make, ckd
     assert "resnet18 amp=" not in logs and not SUMMARY.search(logs), f"it trained first:\n{logs}"
 
 
+def test_a_second_run_into_the_same_checkpoint_dir_is_refused_naming_the_first(run_in_image):
+    """A run started while another saves into the same --checkpoint-dir should exit 2 at start,
+    naming the first run's PID and host; the first run should finish and its last.pt load."""
+    job = shlex.join(["train_amp.py", *SYNTH, "--epochs", "8", "--checkpoint-dir", "ck"])
+    script = "\n".join([
+        f"{job} > first.out 2> first.err & first=$!",
+        # The first run holds the lock once its start line is out (the lock comes before it).
+        "for _ in $(seq 600); do grep -q ' amp=' first.out 2>/dev/null && break; sleep 0.1; done",
+        f"{job} > second.out 2> second.err; echo \"RC second $?\"",
+        "wait $first; echo \"RC first $?\"; echo \"PID first $first\"; echo \"HOST $(hostname)\"",
+        "sed 's/^/ERR second /' second.err; sed 's/^/OUT second /' second.out",
+        "sed 's/^/ERR first /' first.err", "ls -a ck | sed 's/^/LS /'", "set -- ck/last.pt",
+        INSPECT_LAST])
+    code, logs = run_in_image(["bash", "-c", script])
+    assert code == 0, f"the script failed ({code}):\n{logs}"
+    rc = dict(re.findall(r"^RC (\w+) (\d+)$", logs, re.MULTILINE))
+    pid = re.search(r"^PID first (\d+)$", logs, re.MULTILINE).group(1)
+    host = re.search(r"^HOST (\S+)$", logs, re.MULTILINE).group(1)
+    assert rc.get("second") == "2", f"the second run was not refused (exit {rc.get('second')}):\n{logs}"
+    assert (f"--checkpoint-dir ck is in use by another train_amp run (PID {pid} on host {host}"
+            in logs), f"the refusal does not name the first run:\n{logs}"
+    assert not re.search(r"^OUT second .* amp=", logs, re.MULTILINE), f"the second run trained:\n{logs}"
+    assert rc.get("first") == "0", f"the first run failed ({rc.get('first')}):\n{logs}"
+    listing = re.findall(r"^LS (.*)$", logs, re.MULTILINE)
+    assert not [n for n in listing if n.endswith(".tmp")], f"a temp file was left: {listing}"
+    ckpt = json.loads(re.search(r"^CKPT (.*)$", logs, re.MULTILINE).group(1))
+    assert (ckpt or {}).get("global_step") == 64, f"ck/last.pt is not the first run's end:\n{logs}"
+
+
 def test_a_stale_temp_file_is_removed_at_start(run_in_image):
     """A last.tmp left by a killed save should be removed, and said so, before training."""
     # The listing is taken at step 2 of 6, long before this run's only save (at the end).
-    script = ("set -o pipefail; mkdir ck && head -c 8M /dev/zero > ck/last.tmp && train_amp.py "
+    script = ("set -o pipefail; mkdir ck && head -c 8M /dev/zero > ck/last.tmp"
+              " && head -c 1M /dev/zero > ck/last.otherhost.123.tmp && train_amp.py "
               + shlex.join(SYNTH) + " --steps 6 --log-every 1 --progress lines --checkpoint-dir ck"
               " | while IFS= read -r line; do echo \"$line\"; case $line in"
               " *' step 2/6 '*) ls -a ck | sed 's/^/LS /';; esac; done")
@@ -601,12 +633,14 @@ def test_a_stale_temp_file_is_removed_at_start(run_in_image):
     assert code == 0, f"exited {code}:\n{logs}"
     lines = command_output(logs)
     removed = [i for i, ln in enumerate(lines) if ln.startswith("removed ck/last.tmp (8.0 MiB)")]
+    assert any(ln.startswith("removed ck/last.otherhost.123.tmp (1.0 MiB)") for ln in lines), (
+        "a killed run's per-process temp file was not removed:\n" + "\n".join(lines))
     header = [i for i, ln in enumerate(lines) if ln.startswith("resnet18 amp=")]
     assert removed and header and removed[0] < header[0], (
         "no 'removed ck/last.tmp' line before training started:\n" + "\n".join(lines))
     listing = re.findall(r"^LS (.*)$", logs, re.MULTILINE)
     assert listing, f"no listing taken during training:\n{logs}"
-    assert "last.tmp" not in listing, f"ck/last.tmp still there during training: {listing}"
+    assert not [n for n in listing if n.endswith(".tmp")], f"a temp file still there: {listing}"
 
 
 # ---------------------------------------------------------------------------------------
