@@ -1214,13 +1214,18 @@ class TarShards(Dataset):
             members = {}
             try:
                 with tarfile.open(shard, "r:") as tar:
-                    for m in tar:
-                        if not m.isfile():
-                            continue
-                        base = m.name.rsplit("/", 1)[-1]
-                        key, _, ext = base.partition(".")
-                        members.setdefault(m.name[:len(m.name) - len(base)] + key, {})[
-                            "." + ext.lower()] = (m.offset_data, m.size)
+                    try:
+                        for m in tar:
+                            if not m.isfile():
+                                continue
+                            base = m.name.rsplit("/", 1)[-1]
+                            key, _, ext = base.partition(".")
+                            members.setdefault(m.name[:len(m.name) - len(base)] + key, {})[
+                                "." + ext.lower()] = (m.offset_data, m.size)
+                    except tarfile.ReadError as e:  # e.g. "unexpected end of data"
+                        raise cut_short(shard, tar, error_text(e)) from None
+                    if not tar_ends_whole(tar):
+                        raise cut_short(shard, tar)
                     for key, parts in members.items():
                         img = next((e for e in IMAGE_SUFFIXES if e in parts), None)
                         if img is None or ".cls" not in parts:
@@ -1267,6 +1272,26 @@ class TarShards(Dataset):
             return BadSample(name, error_text(e))
 
 
+def tar_ends_whole(tar):
+    """Whether an archive read to its end really ends there: tarfile reads a cut archive as a
+    shorter one and says nothing (the run would train on fewer images). A whole one has a zero
+    block where its members end."""
+    end = os.pread(tar.fileobj.fileno(), tarfile.BLOCKSIZE, tar.offset)
+    return len(end) == tarfile.BLOCKSIZE and not any(end)
+
+
+def cut_short(shard, tar, reason=None):
+    """The UsageError for a shard that ends early (an interrupted copy or write), naming its
+    last whole member: the members read so far whose data lies inside the file."""
+    size = os.fstat(tar.fileobj.fileno()).st_size
+    whole = [m.name for m in tar.members if m.offset_data + m.size <= size]
+    last = f"its last whole member is {whole[-1]}" if whole else "no member is whole"
+    return UsageError(f"--data: tar shard {shard} ends early ({size} bytes; {last}"
+                      f"{'; ' + reason if reason else ''}): it was cut short (an interrupted"
+                      " copy or write?): copy or write it again, or move it out of the data"
+                      " directory")
+
+
 def tar_shards(root):
     """-> (train shards, val shards) when root holds .tar files (directly, where val*.tar are
     the validation shards, or in train/ and val/), else None."""
@@ -1278,6 +1303,23 @@ def tar_shards(root):
     if sorted((root / "train").glob("*.tar")):
         return sorted((root / "train").glob("*.tar")), sorted((root / "val").glob("*.tar"))
     return None
+
+
+def check_class_folders(folder):
+    """An ImageFolder's class subfolders that hold no image make torchvision refuse the whole
+    folder ("Found no valid file for the classes ..."): name them and the fix instead. Nothing
+    to say when no class has images (the caller's "no images found" says that)."""
+    if folder is None or not folder.is_dir():
+        return
+    classes = sorted(d for d in folder.iterdir() if d.is_dir())  # as torchvision: hidden too
+    empty = [d for d in classes if not any(
+        f.suffix.lower() in IMAGE_SUFFIXES for f in d.rglob("*") if f.is_file())]
+    if empty and len(empty) < len(classes):
+        names = ", ".join(str(d) for d in empty[:5]) + (" ..." if len(empty) > 5 else "")
+        raise UsageError(f"--data: {len(empty)} class folder(s) hold no images ({names};"
+                         f" images end in {', '.join(IMAGE_SUFFIXES[:3])} ...): every"
+                         f" subfolder of {folder} is a class, so add their images or move the"
+                         " empty folders out of it")
 
 
 class ImageFolderData:
@@ -1299,6 +1341,8 @@ class ImageFolderData:
             return
         train_dir, val_dir = (root / "train", root / "val") if (root / "train").is_dir() else (
             root, None)
+        for folder in (train_dir, val_dir):
+            check_class_folders(folder)
         try:
             self.train = CheckedImageFolder(str(train_dir), transform=train_tf, loader=open_image)
             self.val = (CheckedImageFolder(str(val_dir), transform=val_tf, loader=open_image)

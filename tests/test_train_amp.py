@@ -1167,6 +1167,31 @@ def test_tar_shards_train_and_validate(run_in_image, decode):
         f"no val accuracy from the val shard:\n{logs}")
 
 
+@pytest.mark.parametrize("damage, fix", [
+    # A shard cut short (an interrupted copy) was read as a shorter one: fewer images, exit 0.
+    ("head -c 20000 shards/train-000.tar > cut && mv cut shards/train-000.tar",
+     r"tar shard shards/train-000\.tar ends early \(20000 bytes; its last whole member is"
+     r" class\d_\d+\.(jpg|cls)\b.*copy or write it again"),
+    # torchvision refuses a folder with one empty class ("Found no valid file for the classes").
+    ("mkdir imgs/train/class2 imgs/val/class2 && touch imgs/train/class2/notes.txt",
+     r"1 class folder\(s\) hold no images \(imgs/train/class2; .*add their images or move"
+     r" the empty folders out of it"),
+], ids=["truncated-tar-shard", "empty-class-folder"])
+def test_damaged_data_exits_2_naming_the_file_and_the_fix(run_in_image, damage, fix):
+    """A tar shard that ends early, or an ImageFolder class folder without images, should stop
+    the run at start (exit 2) naming the shard (and its last whole member) or the folder."""
+    data = "shards" if "shards" in damage else "imgs"
+    script = (f"python3 - <<'EOF'\n{MAKE_JPEGS}\nEOF\nmkdir shards\n"
+              f"python3 - <<'EOF'\n{MAKE_SHARDS}\nEOF\n{damage}\n"
+              f"exec train_amp.py --data {data} --model resnet18 --image-size 32 --batch-size 16"
+              " --epochs 1 --num-workers 1 --skip-bad-images --checkpoint-dir ''")
+    code, logs = run_in_image(["bash", "-c", script])
+    assert code == 2, f"exited {code}, expected 2:\n{logs}"
+    assert re.search(r"^train_amp\.py: error: --data: " + fix, logs, re.MULTILINE), (
+        f"the error does not name the damage and its fix:\n{logs}")
+    assert not SUMMARY.search(logs), f"it trained:\n{logs}"
+
+
 def test_decode_auto_says_which_path_it_picked(run_in_image):
     """--decode auto (the default) should print the path it picked and why: workers on CPU."""
     script = (f"python3 - <<'EOF'\n{MAKE_JPEGS}\nEOF\n"
