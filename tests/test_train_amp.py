@@ -1170,12 +1170,12 @@ def test_tar_shards_train_and_validate(run_in_image, decode):
 @pytest.mark.parametrize("damage, fix", [
     # A shard cut short (an interrupted copy) was read as a shorter one: fewer images, exit 0.
     ("head -c 20000 shards/train-000.tar > cut && mv cut shards/train-000.tar",
-     r"tar shard shards/train-000\.tar ends early \(20000 bytes; its last whole member is"
-     r" class\d_\d+\.(jpg|cls)\b.*copy or write it again"),
+     (r"tar shard shards/train-000\.tar ends early \(20000 bytes; its last whole member is"
+     r" class\d_\d+\.(jpg|cls)\b.*copy or write it again")),
     # torchvision refuses a folder with one empty class ("Found no valid file for the classes").
     ("mkdir imgs/train/class2 imgs/val/class2 && touch imgs/train/class2/notes.txt",
-     r"1 class folder\(s\) hold no images \(imgs/train/class2; .*add their images or move"
-     r" the empty folders out of it"),
+     (r"1 class folder\(s\) hold no images \(imgs/train/class2; .*add their images or move"
+     r" the empty folders out of it")),
 ], ids=["truncated-tar-shard", "empty-class-folder"])
 def test_damaged_data_exits_2_naming_the_file_and_the_fix(run_in_image, damage, fix):
     """A tar shard that ends early, or an ImageFolder class folder without images, should stop
