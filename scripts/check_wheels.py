@@ -4,8 +4,10 @@ the row's torch/torchvision/torchaudio pins and all their dependencies install f
 row's Python (the base's python3): the question a build answers only after pulling the base.
 
 It reads metadata only: PEP 658 files where the index has them (PyPI), HTTP range requests into
-each wheel where it has not (pip's fast-deps): a few MB per row, not the ~2.5 GB of wheels a
-plain `pip install --dry-run` downloads from such an index. It asks the index the build asks:
+each wheel where it has not (pip's fast-deps): a few MB per row, not the ~3 GB of wheels a plain
+`pip install --dry-run` downloads from such an index. Range reads that work took pip 26.3 here
+(24.3 and 25.1 still downloaded whole wheels): tests/requirements.txt pins it for .venv-test,
+and a run that downloads anyway says so. It asks the index the build asks:
 PIP_INDEX_URL / PIP_EXTRA_INDEX_URL when set (make build hands the same variables to the
 build), else PyPI. pip's config files are not read: a machine's own pip.conf (an extra index, a
 constraints file) would change the answer for this machine only.
@@ -162,8 +164,9 @@ def check_row(row, platform, python, glibc, index_urls, env):
     if errors:
         return False, "\n    ".join(["the resolution differs from the row:", *errors])
     heavy = downloaded_mb(output)
-    note = f"; NOTE: pip downloaded {heavy:.0f} MB of whole wheels (the index serves neither " \
-           "PEP 658 metadata nor range requests)" if heavy > 50 else ""
+    note = f"; NOTE: pip downloaded {heavy:.0f} MB of whole wheels: this index has no PEP 658 " \
+           "metadata and this pip did not read them by range (pip 26.3, tests/requirements.txt, does)" \
+        if heavy > 50 else ""
     libs = ", ".join(f"{n} {v}" for n, v in sorted(have.items()) if re.match(r"nvidia-(cudnn|nccl|cuda-runtime)", n))
     return True, f"{len(have)} packages ({libs}) in {took:.1f} s{note}"
 
