@@ -20,6 +20,7 @@ CONTAINER   ?= $(shell python3 scripts/doctor.py name --image '$(IMAGE)' --user 
 PORT_JUPYTER ?= 8888## host port make run publishes JupyterLab on
 PORT_SSH    ?= 2222## host port make run publishes SSH on
 PREFLIGHT   ?= 1## 0: make run/build skip their host checks (scripts/doctor.py preflight)
+CHECK_WHEELS ?= 1## 0: make lint skips the wheel check (scripts/check_wheels.py asks PyPI) and says so
 LOGS_ARGS   ?=## docker logs flags for make logs, e.g. -f (follow) or --tail 50
 PYTEST_ARGS ?=## extra pytest flags, e.g. -x -k ssh
 TESTS       ?= tests/## test paths for make test
@@ -128,8 +129,9 @@ smoke: ## Run smoke_tests/ inside a container (GPU if present; SMOKE_ARGS=--requ
 generate: ## Write the files that repeat versions.json (compose, devcontainer, Dockerfile ARGs, README)
 	python3 scripts/generate.py
 
-lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, actionlint, schemas
+lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, actionlint, schemas, wheels
 	python3 scripts/generate.py --check
+	$(if $(filter 0,$(CHECK_WHEELS)),@echo 'check_wheels: SKIPPED (CHECK_WHEELS=0): no row was checked for wheels on its Python',$(TEST_VENV)/bin/python scripts/check_wheels.py)
 	$(TEST_VENV)/bin/hadolint docker/Dockerfile tests/slurm-node/Dockerfile
 	$(TEST_VENV)/bin/shellcheck -x $(shell git ls-files '*.sh' '*.sbatch' .ci/run docker/rootfs/usr/local/bin)
 	$(TEST_VENV)/bin/ruff check .

@@ -14,6 +14,9 @@ Usage: build_info.py make-vars [--row NAME] [--python X.Y]
        build_info.py sha-tag [--row NAME] [--sha SHA]
                          print the row's per-commit tag: sha-<sha> for the default row,
                          sha-<sha>-<row name> for the others
+       build_info.py platforms [--row NAME]
+                         print the Docker platforms the row publishes, comma-separated
+                         (the release workflow's build; check_wheels.py checks each)
        build_info.py flavour [--row NAME]
                          print the row name, or nothing for the default row (push.py --flavour)
        build_info.py ci-tags --event EVENT --ref REF [--row NAME] [--date YYYYMMDD] [--sha SHA]
@@ -149,6 +152,8 @@ def main(argv):
         print(" ".join(r.get("moving_tags", [])))
     elif cmd == "sha-tag":
         print(sha_tag(r, opt("--sha") or git_sha()))
+    elif cmd == "platforms":
+        print(",".join(r["platforms"]))
     elif cmd == "flavour":
         print(flavour(r))
     elif cmd == "ci-tags":

@@ -181,6 +181,17 @@ def test_home_is_private_to_the_user(run_in_image):
     assert out.split() == ["750", "dev"], f"/home/dev is {out.strip()}"
 
 
+def test_no_other_account_shares_the_users_uid_or_gid(run_in_image):
+    """Image should have dev alone on its UID and GID: a base's own account there (ubuntu:24.04's
+    `ubuntu` on 1000:1000) would own dev's files under another name and take its group."""
+    out = as_root(run_in_image, "id -u dev; id -g dev; getent passwd; echo ==; getent group")
+    uid, gid, rest = out.split("\n", 2)
+    passwd, group = rest.split("==\n")
+    same_uid = [line.split(":")[0] for line in passwd.splitlines() if line.split(":")[2:3] == [uid]]
+    same_gid = [line.split(":")[0] for line in group.splitlines() if line.split(":")[2:3] == [gid]]
+    assert same_uid == ["dev"] and same_gid == ["dev"], f"UID {uid}: {same_uid}; GID {gid}: {same_gid}"
+
+
 def test_ssh_login_prints_no_motd_legal_notice_or_banner(start_container):
     """An interactive SSH login should print no banner, MOTD, 'minimized' notice or legal text:
     only the prompt (and sshd's 'Last login' line on later logins)."""
@@ -293,6 +304,66 @@ def test_standin_has_the_real_bases_files_packages_and_loader_cache(docker_clien
     if "libcudart.so.12" not in sections.get("cache", ""):
         wrong.append("libcudart.so.12 is not in the loader cache (000_cuda.conf puts it there on the real base)")
     assert not wrong, f"the stand-in {ref} differs from {ROW['base_facts']} (FORCE=1 make base-standin):\n" + "\n".join(wrong)
+
+
+# --- every row's base, as its facts file pins it -----------------------------------------
+
+
+@pytest.mark.parametrize("row", VERSIONS["matrix"], ids=[r["name"] for r in VERSIONS["matrix"]])
+def test_each_row_names_the_facts_of_its_own_base(row):
+    """A versions.json row should point at the facts file of its own base, and repeat what that
+    base is: the image, its CUDA_VERSION, the Ubuntu release, python3 (the wheels' Python, the
+    tag's pyX.Y) and glibc (the manylinux tags scripts/check_wheels.py asks for)."""
+    facts = json.loads((ROOT / row["base_facts"]).read_text())
+    env = dict(e.split("=", 1) for e in facts["Env"])
+    have = {"base_image": facts["image"], "cuda_full": env.get("CUDA_VERSION"),
+            "ubuntu": facts["os"]["ubuntu"], "python": facts["os"]["python3"], "glibc": facts["os"]["glibc"]}
+    wrong = {k: f"row {row[k]!r}, facts {v!r}" for k, v in have.items() if row[k] != v}
+    assert not wrong, f"row {row['name']} and {row['base_facts']} disagree: {wrong}"
+
+
+FACTS_FILES = sorted({r["base_facts"] for r in VERSIONS["matrix"]})
+
+
+def _accounts_root(tmp_path, accounts):
+    """A base's account files, for shadow's --prefix: root, the `users` group, and the login
+    accounts the facts file says the base ships (with their homes)."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    passwd, group = ["root:x:0:0:root:/root:/bin/bash"], ["root:x:0:", "shadow:x:42:", "users:x:100:"]
+    for a in accounts:
+        passwd.append(f"{a['name']}:x:{a['uid']}:{a['gid']}:{a['gecos']}:{a['home']}:{a['shell']}")
+        group.append(f"{a['group']}:x:{a['gid']}:")
+        home = tmp_path / a["home"].lstrip("/")
+        home.mkdir(parents=True)
+        os.chown(home, a["uid"], a["gid"])
+    (etc / "passwd").write_text("\n".join(passwd) + "\n")
+    (etc / "group").write_text("\n".join(group) + "\n")
+    (etc / "shadow").write_text("".join(f"{line.split(':')[0]}:*:19000:0:99999:7:::\n" for line in passwd))
+    (etc / "gshadow").write_text("".join(f"{line.split(':')[0]}:*::\n" for line in group))
+    (etc / "login.defs").write_text("UID_MIN 1000\nGID_MIN 1000\nUSERGROUPS_ENAB yes\n")
+    return tmp_path
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="useradd --prefix chowns the new home: needs root")
+@pytest.mark.parametrize("facts_file", FACTS_FILES)
+def test_the_image_user_takes_its_uid_on_every_rows_base(facts_file, tmp_path):
+    """docker/build/add-user.sh should make dev 1000:1000 (home 0750, in `users`) on each row's base,
+    also where the base ships its own account on those IDs (ubuntu:24.04's `ubuntu`), which must go."""
+    accounts = json.loads((ROOT / facts_file).read_text())["accounts"]
+    root = _accounts_root(tmp_path, accounts)
+    out = subprocess.run([str(ROOT / "docker" / "build" / "add-user.sh"), "dev", "1000", "1000"],
+                         env={**os.environ, "ACCOUNTS_PREFIX": str(root)}, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, f"add-user.sh failed on {facts_file}'s accounts {accounts}:\n{out.stdout}{out.stderr}"
+    passwd = [line.split(":") for line in (root / "etc/passwd").read_text().splitlines()]
+    group = [line.split(":") for line in (root / "etc/group").read_text().splitlines()]
+    assert [p[0] for p in passwd if p[2] == "1000"] == ["dev"], f"UID 1000 is not dev's alone: {passwd}"
+    assert [g[0] for g in group if g[2] == "1000"] == ["dev"], f"GID 1000 is not dev's alone: {group}"
+    assert "dev" in next(g for g in group if g[0] == "users")[3].split(","), "dev is not in group users"
+    home = root / "home" / "dev"
+    assert home.is_dir() and (home.stat().st_mode & 0o777) == 0o750, "dev's home is missing or not 0750"
+    left = [a["home"] for a in accounts if (root / a["home"].lstrip("/")).exists()]
+    assert not left, f"the removed account's home is left: {left}"
 
 
 # --- the base pinned by digest, and a copy of it in the team's registry -------------------

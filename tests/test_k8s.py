@@ -301,10 +301,182 @@ def _env_lists(doc):
 
 @pytest.mark.parametrize("name", JOBS)
 def test_manifest_names_the_infiniband_and_roce_settings(name):
-    """Each manifest should carry NCCL's IB/RoCE variables and IPC_LOCK, commented, for the user."""
+    """Each manifest should carry NCCL's IB/RoCE variables, commented, for the user, and say in a
+    comment why IPC_LOCK is not added and that the memlock rlimit (the runtime's) is what counts."""
     text = (K8S / name).read_text()
-    for needle in ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME", "IPC_LOCK"):
+    for needle in ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME", "IPC_LOCK", "LimitMEMLOCK=infinity"):
         assert re.search(rf"^\s*#.*{needle}", text, re.MULTILINE), f"{name}: no commented {needle}"
+
+
+# ---------------------------------------------------------------------------------------
+# What the API server, its admission and the operators' webhooks refuse, or the scheduler does
+# wrong, that a schema cannot say: names, counts, references, restart policies, resources.
+
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS1123_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# Service names are DNS-1035 labels (a letter first): each job's name becomes one (the
+# operator's <job>-master-0, JobSet's headless <job>).
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+IANA_SVC_NAME = re.compile(r"(?=.{1,15}$)(?=.*[a-z])[a-z0-9]+(-[a-z0-9]+)*")  # a container port's name
+# Restart policies each kind accepts: a PyTorchJob replica (training-operator's RestartPolicy), a
+# Job's pod (batch/v1 validation: Always is refused). Every Job-run pod here sets one: JobSet
+# would otherwise default it to OnFailure.
+RESTART_POLICIES = {"PyTorchJob": {"Always", "OnFailure", "Never", "ExitCode"}, "Job": {"Never", "OnFailure"}}
+
+
+def pods_of(docs):
+    """The pods the operators make of one manifest's documents, at the manifest's size."""
+    kinds = {d["kind"]: d for d in docs}
+    if "PyTorchJob" in kinds:
+        return pytorchjob_pods(kinds["PyTorchJob"])
+    if "TrainJob" in kinds:
+        return trainjob_pods(kinds["TrainingRuntime"], kinds["TrainJob"])
+    return []
+
+
+def api_rule_violations(docs):
+    """Every rule below broken by one manifest's documents, as readable lines."""
+    bad = []
+    for doc in docs:
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        if not DNS1123_SUBDOMAIN.fullmatch(name):
+            bad.append(f"{kind} name {name!r} is not a DNS-1123 subdomain")
+        if kind in ("PyTorchJob", "TrainJob") and not DNS1035_LABEL.fullmatch(name):
+            bad.append(f"{kind} name {name!r} is not a DNS-1035 label (it names a Service)")
+        if kind == "PyTorchJob":
+            if not (str(doc["spec"].get("nprocPerNode", "1")).isdigit() and int(doc["spec"].get("nprocPerNode", "1")) >= 1):
+                bad.append(f"nprocPerNode {doc['spec'].get('nprocPerNode')!r} is not a count >= 1")
+            for rtype, rs in doc["spec"]["pytorchReplicaSpecs"].items():
+                if rs.get("replicas", 1) < 1:
+                    bad.append(f"{rtype} replicas {rs['replicas']} < 1")
+                if rs.get("restartPolicy") not in RESTART_POLICIES["PyTorchJob"]:
+                    bad.append(f"{rtype} restartPolicy {rs.get('restartPolicy')!r} not in {sorted(RESTART_POLICIES['PyTorchJob'])}")
+        if kind == "TrainJob":
+            for key in ("numNodes", "numProcPerNode"):
+                if doc["spec"]["trainer"].get(key, 1) < 1:
+                    bad.append(f"trainer.{key} {doc['spec']['trainer'][key]} < 1")
+        if kind == "TrainingRuntime":
+            if doc["spec"]["mlPolicy"].get("numNodes", 1) < 1:
+                bad.append(f"mlPolicy.numNodes {doc['spec']['mlPolicy']['numNodes']} < 1")
+            for rjob in doc["spec"]["template"]["spec"]["replicatedJobs"]:
+                if not DNS1123_LABEL.fullmatch(rjob["name"]):
+                    bad.append(f"replicatedJob name {rjob['name']!r} is not a DNS-1123 label")
+                policy = rjob["template"]["spec"]["template"]["spec"].get("restartPolicy")
+                if policy not in RESTART_POLICIES["Job"]:
+                    bad.append(f"replicatedJob {rjob['name']} pod restartPolicy {policy!r} not in {sorted(RESTART_POLICIES['Job'])}")
+        for path, template in pod_templates(doc):
+            bad += [f"{path}: {v}" for v in pod_rule_violations(template["spec"])]
+    try:
+        pods = pods_of(docs)
+    except StopIteration:  # the operator finds no container (pytorch, node) or port it needs
+        return [*bad, "the operator finds no container or port by the name it looks for"]
+    for address, container, spec, _ in pods:
+        bad += [f"{address}: {v}" for v in resource_violations(container, spec)]
+    return bad
+
+
+def pod_rule_violations(spec):
+    bad = []
+    volumes = [v["name"] for v in spec.get("volumes", [])]
+    for v in volumes:
+        if not DNS1123_LABEL.fullmatch(v):
+            bad.append(f"volume name {v!r} is not a DNS-1123 label")
+    for c in spec["containers"]:
+        if not DNS1123_LABEL.fullmatch(c["name"]):
+            bad.append(f"container name {c['name']!r} is not a DNS-1123 label")
+        for port in c.get("ports", []):
+            if "name" in port and not IANA_SVC_NAME.fullmatch(port["name"]):
+                bad.append(f"port name {port['name']!r} is not an IANA service name (<= 15 characters)")
+        for m in c.get("volumeMounts", []):
+            if m["name"] not in volumes:
+                bad.append(f"container {c['name']} mounts {m['name']!r}, which is no volume of the pod ({volumes})")
+    return bad
+
+
+def resource_violations(container, spec):
+    """A training container needs CPU and memory requests (without them the pod is BestEffort:
+    evicted first, nothing reserved), and its memory must hold the in-memory /dev/shm, whose
+    pages are charged to the container, with room to spare for the processes."""
+    res = container.get("resources", {})
+    requests, limits = res.get("requests", {}), res.get("limits", {})
+    bad = [f"no {r} request (the pod would be BestEffort)" for r in ("cpu", "memory") if r not in requests]
+    shm = sum(quantity(v["emptyDir"].get("sizeLimit", 0)) for v in spec.get("volumes", [])
+              if v.get("emptyDir", {}).get("medium") == "Memory")
+    if "memory" in requests and quantity(requests["memory"]) <= shm:
+        bad.append(f"memory request {requests['memory']} does not exceed the {shm / 2**30:g}Gi of memory emptyDirs")
+    if "memory" in limits and "memory" in requests and quantity(limits["memory"]) < quantity(requests["memory"]):
+        bad.append(f"memory limit {limits['memory']} is below the request {requests['memory']}")
+    return bad
+
+
+@pytest.mark.parametrize("manifest", MANIFESTS)
+def test_manifest_follows_the_rules_the_schema_cannot_check(manifest):
+    """Each k8s/ manifest should have DNS-1123 names (DNS-1035 for jobs), counts >= 1, mounts of
+    declared volumes only, restart policies its kind accepts, set explicitly, and CPU and memory
+    requests on every training container, the memory one above its in-memory /dev/shm."""
+    bad = api_rule_violations(load(manifest))
+    assert not bad, f"{manifest}:\n" + "\n".join(bad)
+
+
+PJ_C = [*PJ_POD, "containers", 0]
+TJ_C = [*TJ_POD, "containers", 0]
+RULE_BROKEN = {
+    "job-name-upper-case": ("pytorchjob.yaml", 0, ["metadata", "name"], "Team-DL-train", "DNS-1123 subdomain"),
+    "job-name-digit-first": ("trainjob.yaml", 1, ["metadata", "name"], "2-train", "DNS-1035"),
+    "container-name-underscore": ("pytorchjob.yaml", 0, [*PJ_C, "name"], "py_torch", "container name"),
+    "volume-name-dot": ("trainjob.yaml", 0, [*TJ_POD, "volumes", 1, "name"], "tmp.dir", "volume name"),
+    "port-name-too-long": ("pytorchjob.yaml", 0, [*PJ_C, "ports", 0, "name"], "pytorchjob-port1", "IANA"),
+    "replicated-job-name-upper": ("trainjob.yaml", 0, [*TJ_POD[:5], "name"], "Node", "replicatedJob name"),
+    "worker-replicas-zero": ("pytorchjob.yaml", 0, ["spec", "pytorchReplicaSpecs", "Worker", "replicas"], 0, "replicas 0 < 1"),
+    "nproc-zero": ("pytorchjob.yaml", 0, ["spec", "nprocPerNode"], "0", "nprocPerNode"),
+    "trainjob-nodes-zero": ("trainjob.yaml", 1, ["spec", "trainer", "numNodes"], 0, "numNodes 0 < 1"),
+    "runtime-nodes-zero": ("trainjob.yaml", 0, ["spec", "mlPolicy", "numNodes"], 0, "mlPolicy.numNodes"),
+    "mount-of-no-volume": ("pytorchjob.yaml", 0, [*PJ_C, "volumeMounts", 0, "name"], "shm", "no volume of the pod"),
+    "pytorchjob-restart-unknown": ("pytorchjob.yaml", 0, ["spec", "pytorchReplicaSpecs", "Master", "restartPolicy"],
+                                   "Sometimes", "restartPolicy 'Sometimes'"),
+    "job-pod-restart-always": ("trainjob.yaml", 0, [*TJ_POD, "restartPolicy"], "Always", "restartPolicy 'Always'"),
+    "job-pod-restart-unset": ("trainjob.yaml", 0, [*TJ_POD, "restartPolicy"], KeyError, "restartPolicy None"),
+    "no-cpu-request": ("pytorchjob.yaml", 0, [*PJ_C, "resources", "requests", "cpu"], KeyError, "no cpu request"),
+    "no-requests-at-all": ("trainjob.yaml", 0, [*TJ_C, "resources"], KeyError, None),
+    # resourcesPerNode replaces the runtime container's resources whole (Trainer's jobset
+    # builder.go, WithResources): limits alone there leave the pods without requests.
+    "trainjob-limits-only": ("trainjob.yaml", 1, ["spec", "trainer", "resourcesPerNode", "requests"], KeyError,
+                             "no memory request"),
+    "memory-request-below-shm": ("pytorchjob.yaml", 0, [*PJ_C, "resources", "requests", "memory"], "8Gi",
+                                 "does not exceed the 16Gi"),
+    "memory-limit-below-request": ("pytorchjob.yaml", 0, [*PJ_C, "resources", "limits", "memory"], "32Gi",
+                                   "below the request"),
+}
+
+
+@pytest.mark.parametrize("case", RULE_BROKEN.values(), ids=RULE_BROKEN.keys())
+def test_each_rule_fails_a_manifest_that_breaks_it(case):
+    """A copy of a k8s/ manifest broken in one place should fail the rules above, naming the
+    broken rule (None: the manifest stays valid, e.g. a runtime without defaults)."""
+    name, index, path, value, says = case
+    docs = copy.deepcopy(load(name))
+    _set(docs[index], path, value)
+    bad = api_rule_violations(docs)
+    if says is None:
+        assert not bad, f"{name}: {path} = {value!r} should stay valid: {bad}"
+    else:
+        assert any(says in line for line in bad), f"{name}: {'.'.join(map(str, path))} = {value!r} passed: {bad}"
+
+
+def test_a_failed_pod_fails_the_job_instead_of_restarting_alone():
+    """No pod should restart on its own (a restarted torchrun cannot rejoin a static rendezvous):
+    the PyTorchJob's replicas say Never; the TrainingRuntime's pods Never with backoffLimit 0
+    and no JobSet restarts (JobSet would default to OnFailure and 6 retries)."""
+    pj = load("pytorchjob.yaml")[0]
+    assert {r: s.get("restartPolicy") for r, s in pj["spec"]["pytorchReplicaSpecs"].items()} == \
+        {"Master": "Never", "Worker": "Never"}, pj["spec"]["pytorchReplicaSpecs"].keys()
+    runtime = load("trainjob.yaml")[0]["spec"]["template"]["spec"]
+    assert runtime.get("failurePolicy", {}).get("maxRestarts") == 0, f"JobSet failurePolicy: {runtime.get('failurePolicy')}"
+    for rjob in runtime["replicatedJobs"]:
+        job = rjob["template"]["spec"]
+        assert job.get("backoffLimit") == 0 and job["template"]["spec"].get("restartPolicy") == "Never", \
+            f"replicatedJob {rjob['name']}: backoffLimit {job.get('backoffLimit')}, restartPolicy " \
+            f"{job['template']['spec'].get('restartPolicy')}"
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Ask pip's resolver, for every versions.json row and every platform the row publishes, whether
+the row's torch/torchvision/torchaudio pins and all their dependencies install from wheels on the
+row's Python (the base's python3): the question a build answers only after pulling the base.
+
+It reads metadata only: PEP 658 files where the index has them (PyPI), HTTP range requests into
+each wheel where it has not (pip's fast-deps): a few MB per row, not the ~3 GB of wheels a plain
+`pip install --dry-run` downloads from such an index. Range reads that work took pip 26.3 here
+(24.3 and 25.1 still downloaded whole wheels): tests/requirements.txt pins it for .venv-test,
+and a run that downloads anyway says so. It asks the index the build asks:
+PIP_INDEX_URL / PIP_EXTRA_INDEX_URL when set (make build hands the same variables to the
+build), else PyPI. pip's config files are not read: a machine's own pip.conf (an extra index, a
+constraints file) would change the answer for this machine only.
+
+Usage: check_wheels.py [--row NAME]...
+Exit status: 0 every row resolves; 1 a row does not (pip's reason printed); 2 an index could
+not be reached, so nothing was proved for the rows named (never a silent pass: make lint fails;
+CHECK_WHEELS=0 skips the check and says so).
+"""
+import concurrent.futures
+import json
+import os
+import pathlib
+import re
+import shlex
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import versions
+
+PYPI = "https://pypi.org/simple"
+# Docker's platform names (versions.json `platforms`) -> the machine name in wheel tags.
+WHEEL_ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+# PEP 600 tags older than manylinux_2_x; manylinux2010/manylinux1 exist for x86 only.
+LEGACY = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+# What pip prints when it could not talk to an index (as opposed to an index that answered
+# "no such wheel"): urllib3/requests connection errors, a proxy or TLS failure.
+UNREACHABLE = re.compile(r"Could not fetch URL|Max retries exceeded|Failed to establish a new connection|"
+                         r"NewConnectionError|NameResolutionError|ProxyError|SSLError|ConnectTimeout")
+
+
+class Unreachable(Exception):
+    """An index did not answer: nothing can be concluded about the wheels."""
+
+
+def manylinux_tags(arch, glibc):
+    """Every manylinux tag a system with this glibc accepts, newest first, as pip computes them
+    for its own host: pip's --platform takes the list literally (manylinux_2_28 alone would miss
+    NVIDIA's manylinux_2_27 cuDNN wheel)."""
+    major, minor = (int(x) for x in glibc.split("."))
+    floor = 5 if arch in ("x86_64", "i686") else 17
+    tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, floor - 1, -1)]
+    tags += [f"{name}_{arch}" for m, name in LEGACY.items()
+             if floor <= m <= minor and (m == 17 or arch in ("x86_64", "i686"))]
+    return tags
+
+
+def indexes(env):
+    """The index the build uses, then its extra indexes (pip's own variables, space-separated)."""
+    return [env.get("PIP_INDEX_URL") or PYPI, *env.get("PIP_EXTRA_INDEX_URL", "").split()]
+
+
+def probe(index, env, timeout=20):
+    """Raise Unreachable unless the index answers HTTP at all (a 404 for torch is an answer)."""
+    url = index.rstrip("/") + "/torch/"
+    if not url.startswith(("http://", "https://")):
+        return  # file:// and paths: pip reports a missing one itself
+    cafile = env.get("PIP_CERT") or env.get("REQUESTS_CA_BUNDLE") or env.get("SSL_CERT_FILE")
+    context = ssl.create_default_context(cafile=cafile) if url.startswith("https://") else None
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout, context=context)
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as e:
+        raise Unreachable(f"{index} did not answer ({getattr(e, 'reason', e)})") from None
+
+
+def pip_env(env):
+    """pip's environment: no config files, and of the PIP_* variables only those about the
+    connection (the indexes go on the command line, from indexes())."""
+    keep = {"PIP_CERT", "PIP_CLIENT_CERT", "PIP_DEFAULT_TIMEOUT", "PIP_TRUSTED_HOST", "PIP_PROXY"}
+    out = {k: v for k, v in env.items() if not k.startswith("PIP_") or k in keep}
+    out.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+    return out
+
+
+def targets(row, standin):
+    """(platform, python, glibc, on what) for each check of a row: every platform it publishes on
+    its base's Python, and on the stand-in's (CI builds every row there: Debian has no stand-in
+    with each row's Python)."""
+    out = []
+    for platform in row["platforms"]:
+        out.append((platform, row["python"], row["glibc"], "base"))
+        if (standin["python"], standin["glibc"]) != (row["python"], row["glibc"]):
+            out.append((platform, standin["python"], standin["glibc"], "stand-in"))
+    return out
+
+
+def pip_command(row, platform, python, glibc, index_urls, target, report):
+    """CHECK_WHEELS_PIP (a command line) replaces `python -m pip`: the tests' fake pip."""
+    pip = shlex.split(os.environ.get("CHECK_WHEELS_PIP", "")) or [sys.executable, "-m", "pip"]
+    arch = WHEEL_ARCH[platform]
+    cmd = [*pip, "install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
+           "--use-feature=fast-deps", "--no-cache-dir", "--retries", "1", "--timeout", "30",
+           "--python-version", python, "--implementation", "cp",
+           "--target", str(target), "--report", str(report), "--index-url", index_urls[0]]
+    for url in index_urls[1:]:
+        cmd += ["--extra-index-url", url]
+    for tag in manylinux_tags(arch, glibc):
+        cmd += ["--platform", tag]
+    return cmd + [f"{name}=={row[name]}" for name in ("torch", "torchvision", "torchaudio")]
+
+
+def resolved(report):
+    """{normalised name: version} of what pip would install."""
+    return {re.sub(r"[-_.]+", "-", item["metadata"]["name"]).lower(): item["metadata"]["version"]
+            for item in report.get("install", [])}
+
+
+def check_report(row, platform, have):
+    """What the row claims beside the pins (cuDNN, NCCL, CUDA: the tag and the labels say them)
+    against the wheels torch's metadata pulls in; a platform whose torch has no CUDA is wrong."""
+    errors = [f"{name} resolves to {have.get(name)}, the row pins {row[name]}"
+              for name in ("torch", "torchvision", "torchaudio") if have.get(name) != row[name]]
+    for what, pattern in (("cudnn", r"nvidia-cudnn(-cu\d+)?"), ("nccl", r"nvidia-nccl(-cu\d+)?"),
+                          ("cuda", r"nvidia-cuda-runtime(-cu\d+)?")):
+        found = {n: v for n, v in have.items() if re.fullmatch(pattern, n)}
+        if not found:
+            errors.append(f"no {pattern.split('(')[0]} in the resolution: torch {row['torch']} for "
+                          f"{platform} is not a CUDA build there")
+        elif not any((v + ".").startswith(row[what] + ".") for v in found.values()):
+            errors.append(f"{what} is {', '.join(f'{n} {v}' for n, v in found.items())}, the row says {row[what]}")
+    return errors
+
+
+def downloaded_mb(output):
+    """Megabytes of whole wheels pip says it downloaded (none when it read metadata only)."""
+    scale = {"kB": 1e-3, "MB": 1.0, "GB": 1e3}
+    return sum(float(n) * scale[u] for n, u in re.findall(r"Downloading \S+\.whl \(([\d.]+) (kB|MB|GB)\)", output))
+
+
+def check_row(row, platform, python, glibc, index_urls, env):
+    """(ok, message) for one row on one platform, Python and glibc; raises Unreachable."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = pathlib.Path(tmp, "report.json")
+        cmd = pip_command(row, platform, python, glibc, index_urls, pathlib.Path(tmp, "target"), report)
+        start = time.monotonic()
+        out = subprocess.run(cmd, capture_output=True, text=True, env=pip_env(env), check=False)
+        took = time.monotonic() - start
+        output = out.stdout + out.stderr
+        if out.returncode != 0:
+            if UNREACHABLE.search(output):
+                raise Unreachable("pip could not reach " + " / ".join(index_urls) + ":\n"
+                                  + "\n".join(ln for ln in output.splitlines() if UNREACHABLE.search(ln))[-2000:])
+            reason = [ln for ln in output.splitlines() if ln.startswith("ERROR")] or output.splitlines()[-5:]
+            return False, "pip cannot install them:\n    " + "\n    ".join(reason)
+        have = resolved(json.loads(report.read_text()))
+    errors = check_report(row, platform, have)
+    if errors:
+        return False, "\n    ".join(["the resolution differs from the row:", *errors])
+    heavy = downloaded_mb(output)
+    note = f"; NOTE: pip downloaded {heavy:.0f} MB of whole wheels: this index has no PEP 658 " \
+           "metadata and this pip did not read them by range (pip 26.3, tests/requirements.txt, does)" \
+        if heavy > 50 else ""
+    libs = ", ".join(f"{n} {v}" for n, v in sorted(have.items()) if re.match(r"nvidia-(cudnn|nccl|cuda-runtime)", n))
+    return True, f"{len(have)} packages ({libs}) in {took:.1f} s{note}"
+
+
+def one(row, target, index_urls, env):
+    """(what, ok, message) for one row and target; an Unreachable is returned, not raised."""
+    platform, python, glibc, on = target
+    what = f"{row['name']} {platform} on its {on} (Python {python}, glibc {glibc})"
+    if platform not in WHEEL_ARCH:
+        return what, False, f"no wheel architecture known for {platform} (have {sorted(WHEEL_ARCH)})"
+    try:
+        ok, message = check_row(row, platform, python, glibc, index_urls, env)
+    except Unreachable as e:
+        return what, None, str(e)
+    pins = f"torch {row['torch']}, torchvision {row['torchvision']}, torchaudio {row['torchaudio']}"
+    return what, ok, f"{pins}: {message}"
+
+
+def main(argv):
+    names = []
+    while argv:
+        if argv[0] == "--row" and len(argv) > 1:
+            names.append(argv[1])
+            argv = argv[2:]
+        else:
+            sys.exit(__doc__)
+    rows = [versions.row(n) for n in names] if names else versions.DATA["matrix"]
+    env = dict(os.environ)
+    index_urls = indexes(env)
+    failed, unreachable = [], []
+    try:
+        for url in index_urls:
+            probe(url, env)
+    except Unreachable as e:
+        unreachable.append(str(e))
+    jobs = [] if unreachable else [(row, t) for row in rows for t in targets(row, versions.DATA["standin"])]
+    # Each pip run mostly waits on the index: run them side by side, report in order.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda job: one(*job, index_urls, env), jobs))
+    for what, ok, message in results:
+        if ok is None:
+            unreachable.append(message)
+            continue
+        print(f"check_wheels: {'OK' if ok else 'FAIL'} {what}: {message}")
+        if not ok:
+            failed.append(what)
+    if unreachable:
+        print("check_wheels: UNREACHABLE: " + "\n".join(sorted(set(unreachable))) + "\ncheck_wheels: the "
+              "rows' wheels were NOT checked. Fix: reach the index (PIP_INDEX_URL names a mirror, PIP_CERT a "
+              "proxy's CA), or skip this check knowingly: make lint CHECK_WHEELS=0", file=sys.stderr)
+        return 2
+    if failed:
+        print(f"check_wheels: {len(failed)} row/platform check(s) cannot be installed: {'; '.join(failed)}. "
+              "Fix: pins that have wheels for the row's Python, or a base whose python3 has them "
+              "(versions.json)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

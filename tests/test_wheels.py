@@ -1,0 +1,182 @@
+"""scripts/check_wheels.py (make lint): every versions.json row's torch/torchvision/torchaudio pins
+must install from wheels on its base's Python. These tests run it offline: a fake pip answers as
+pip did (a recorded --report, pip's own error text) and a local HTTP server stands in for the
+index, so what is tested is the script's logic, not PyPI. No image, no Docker, no network."""
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import check_wheels  # scripts/check_wheels.py (conftest puts scripts/ on sys.path)
+import pytest
+from conftest import ROOT
+
+REPORT = ROOT / "tests" / "data" / "pip-report-torch-2.15.0-cp312-x86_64.json"
+BLACKWELL = "2.15.0-cuda13.2"
+
+# Answers as pip gave them (pip 26.3, 2026-12-05): torch 2.15.0 asked for on Python 3.10, and
+# an index that stopped answering after the script's probe.
+NO_WHEEL = """ERROR: Could not find a version that satisfies the requirement torch==2.15.0 (from versions: 2.13.0, 2.14.0, 2.14.1)
+ERROR: No matching distribution found for torch==2.15.0
+"""
+OFFLINE = """WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after connection broken by 'NewConnectionError("HTTPSConnection(host='pypi.org', port=443): Failed to establish a new connection: [Errno 111] Connection refused")': /simple/torch/
+ERROR: Could not find a version that satisfies the requirement torch==2.15.0 (from versions: none)
+ERROR: No matching distribution found for torch==2.15.0
+"""
+
+FAKE_PIP = r"""
+import json, os, pathlib, sys
+args = sys.argv[1:]
+log = pathlib.Path(os.environ["FAKE_PIP_LOG"])
+with log.open("a") as f:
+    f.write(json.dumps({"argv": args, "config": os.environ.get("PIP_CONFIG_FILE"),
+                        "constraint": os.environ.get("PIP_CONSTRAINT")}) + "\n")
+mode = os.environ["FAKE_PIP_MODE"]
+if mode == "ok":
+    report = args[args.index("--report") + 1]
+    pathlib.Path(report).write_text(pathlib.Path(os.environ["FAKE_PIP_REPORT"]).read_text())
+    print("Would install torch-2.15.0 ...")
+    sys.exit(0)
+sys.stderr.write(os.environ["FAKE_PIP_OUTPUT"])
+sys.exit(1)
+"""
+
+
+@pytest.fixture(scope="module")
+def index():
+    """A local 'index' that answers every request with 404: reachable, as the probe needs."""
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/simple"
+    server.shutdown()
+
+
+def closed_port_url():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/simple"  # nothing listens there now
+
+
+def run_check(tmp_path, index_url, mode="ok", report=None, output="", extra_env=None):
+    """check_wheels.py --row BLACKWELL with the fake pip; returns (result, the fake pip's calls)."""
+    fake = tmp_path / "fake_pip.py"
+    fake.write_text(FAKE_PIP)
+    log = tmp_path / "pip-calls.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_INDEX_URL=index_url, CHECK_WHEELS_PIP=f"{sys.executable} {fake}",
+               FAKE_PIP_LOG=str(log), FAKE_PIP_MODE=mode, FAKE_PIP_REPORT=str(report or REPORT),
+               FAKE_PIP_OUTPUT=output, **(extra_env or {}))
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_wheels.py"), "--row", BLACKWELL],
+                            capture_output=True, text=True, env=env, timeout=120, check=False)
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return result, calls
+
+
+def test_manylinux_tags_cover_every_glibc_up_to_the_bases():
+    """The --platform list should hold every manylinux tag the base's glibc accepts (pip takes the
+    list literally: NVIDIA's cuDNN wheel is manylinux_2_27), and none it does not."""
+    x86 = check_wheels.manylinux_tags("x86_64", "2.39")
+    for tag in ("manylinux_2_39_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
+                "manylinux_2_17_x86_64", "manylinux_2_5_x86_64", "manylinux2014_x86_64",
+                "manylinux2010_x86_64", "manylinux1_x86_64"):
+        assert tag in x86, f"{tag} missing from {x86}"
+    assert "manylinux_2_40_x86_64" not in x86, "a tag newer than the base's glibc"
+    arm = check_wheels.manylinux_tags("aarch64", "2.39")
+    assert "manylinux_2_39_aarch64" in arm and "manylinux2014_aarch64" in arm, arm
+    assert not [t for t in arm if t.startswith(("manylinux2010", "manylinux1_", "manylinux_2_16"))], \
+        f"aarch64 has no manylinux tags below 2_17: {arm}"
+
+
+def test_every_row_publishes_platforms_the_check_knows():
+    """Every versions.json row should name its platforms and glibc (data, not code), each platform
+    one the check has a wheel architecture for (linux/arm64 included, for the rows to come)."""
+    assert check_wheels.WHEEL_ARCH["linux/arm64"] == "aarch64"
+    for row in json.loads((ROOT / "versions.json").read_text())["matrix"]:
+        assert row.get("platforms") and row.get("glibc"), f"row {row['name']} lacks platforms/glibc"
+        unknown = [p for p in row["platforms"] if p not in check_wheels.WHEEL_ARCH]
+        assert not unknown, f"row {row['name']}: no wheel architecture for {unknown}"
+
+
+def test_a_row_whose_pins_resolve_passes_on_its_base_and_the_stand_in(tmp_path, index):
+    """A row pip resolves should pass, naming the CUDA libraries it pulls in, after asking pip for
+    a metadata-only dry run on the row's Python and glibc, and again on the stand-in's, from the
+    index the build uses (PIP_INDEX_URL) with no pip config file and no inherited constraint."""
+    result, calls = run_check(tmp_path, index, extra_env={"PIP_CONSTRAINT": "/etc/xdg/pip/constraints.txt"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"OK {BLACKWELL} linux/amd64 on its base (Python 3.12, glibc 2.39)" in result.stdout, result.stdout
+    assert "on its stand-in (Python 3.11, glibc 2.36)" in result.stdout, result.stdout
+    assert "nvidia-cudnn-cu13 9.26.0.51" in result.stdout, result.stdout
+    base = next(c["argv"] for c in calls if "3.12" in c["argv"])
+    for arg in ("install", "--dry-run", "--only-binary=:all:", "--use-feature=fast-deps", "--ignore-installed",
+                "--target", "--report", "torch==2.15.0", "torchvision==0.29.2", "torchaudio==2.11.1"):
+        assert arg in base, f"pip was not asked with {arg}: {base}"
+    assert base[base.index("--index-url") + 1] == index, f"not the build's index: {base}"
+    assert base[base.index("--implementation") + 1] == "cp"
+    platforms = [base[i + 1] for i, a in enumerate(base) if a == "--platform"]
+    assert platforms[0] == "manylinux_2_39_x86_64" and "manylinux_2_27_x86_64" in platforms, platforms
+    assert all(c["config"] == os.devnull and c["constraint"] is None for c in calls), calls
+
+
+def test_a_row_without_wheels_for_its_python_fails_with_pips_reason(tmp_path, index):
+    """A row pip cannot resolve (torch 2.15.0 on Python 3.10) should fail, naming the row,
+    platform and Python, with pip's own reason."""
+    result, _ = run_check(tmp_path, index, mode="fail", output=NO_WHEEL)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"FAIL {BLACKWELL} linux/amd64 on its base (Python 3.12" in result.stdout, result.stdout
+    assert "No matching distribution found for torch==2.15.0" in result.stdout, result.stdout
+    assert "cannot be installed" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"nvidia-cudnn-cu13": "9.19.0.56"}, "cudnn is nvidia-cudnn-cu13 9.19.0.56, the row says 9.26"),
+    ({"nvidia-cudnn-cu13": None, "nvidia-nccl-cu13": None, "nvidia-cuda-runtime": None}, "is not a CUDA build"),
+    ({"torch": "2.15.1"}, "torch resolves to 2.15.1, the row pins 2.15.0"),
+], ids=["other-cudnn", "cpu-only-torch", "other-torch"])
+def test_a_resolution_that_differs_from_the_row_fails(tmp_path, index, change, says):
+    """A resolution whose torch, cuDNN, NCCL or CUDA runtime is not the row's (the tag and labels
+    would lie), or that has no CUDA libraries at all (a CPU-only wheel), should fail, saying which."""
+    report = json.loads(REPORT.read_text())
+    kept = []
+    for item in report["install"]:
+        name = item["metadata"]["name"]
+        if name in change and change[name] is None:
+            continue
+        item["metadata"]["version"] = change.get(name) or item["metadata"]["version"]
+        kept.append(item)
+    report["install"] = kept
+    edited = tmp_path / "report.json"
+    edited.write_text(json.dumps(report))
+    result, _ = run_check(tmp_path, index, report=edited)
+    assert result.returncode == 1 and says in result.stdout, result.stdout + result.stderr
+
+
+def test_an_unreachable_index_fails_and_says_nothing_was_checked(tmp_path):
+    """An index that does not answer (download.pytorch.org from here) should fail make lint with
+    its own status, naming the index and the way to skip, never a pass; pip is not even asked."""
+    url = closed_port_url()
+    result, calls = run_check(tmp_path, url)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "UNREACHABLE" in result.stderr and url in result.stderr and "NOT checked" in result.stderr, result.stderr
+    assert "CHECK_WHEELS=0" in result.stderr, result.stderr
+    assert "OK" not in result.stdout and not calls, f"something was reported as checked: {result.stdout} {calls}"
+
+
+def test_an_index_lost_midway_is_unreachable_not_a_missing_wheel(tmp_path, index):
+    """When pip itself cannot reach the index (it answered the probe, then went away), the check
+    should report the index unreachable (status 2), not that the row has no wheels."""
+    result, _ = run_check(tmp_path, index, mode="fail", output=OFFLINE)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "UNREACHABLE" in result.stderr and "NewConnectionError" in result.stderr, result.stderr
+    assert "FAIL" not in result.stdout, result.stdout
