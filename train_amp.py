@@ -86,6 +86,9 @@ GiB = 2 ** 30
 MiB = 2 ** 20
 # Exit statuses besides 0 (done, or stopped by SIGTERM after saving) and 1 (a bug: traceback).
 EXIT_USAGE, EXIT_DIVERGED, EXIT_SAVE_FAILED, EXIT_LAUNCH = 2, 3, 4, 5
+# Stopped by SIGUSR1, a scheduler's "time is nearly up", after saving: sysexits' EX_TEMPFAIL
+# ("try again later"), which slurm/*.sbatch turn into a requeue.
+EXIT_REQUEUE = 75
 # The start-up write test's file (.PID added; removed again).
 PROBE_NAME = ".train_amp-write-test"
 
@@ -117,7 +120,8 @@ folder is refused at start, naming the first one's PID and host.
 The directory is created and write-tested before any training. A checkpoint is never written
 from non-finite weights.
 
-exit status: 0 done (or stopped by SIGTERM/Ctrl-C after saving); 2 a problem in the command
+exit status: 0 done (or stopped by SIGTERM/Ctrl-C after saving); 75 stopped by SIGUSR1 after
+saving (a scheduler's warning before its time limit: requeue the job); 2 a problem in the command
 line, the data or the checkpoint directory, with a one-line fix (also an unreadable image:
 --skip-bad-images skips those and counts them in each epoch's summary); 3 training diverged
 (the loss stayed NaN/inf; last.pt keeps the last good state); 4 a checkpoint could not be
@@ -151,7 +155,8 @@ class LaunchError(Exception):
 
 
 class Stopped(Exception):
-    """SIGTERM/SIGINT arrived; raised at a step boundary after the checkpoint is written."""
+    """SIGTERM/SIGINT/SIGUSR1 arrived; raised at a step boundary after the checkpoint is
+    written."""
 
 
 class Diverged(Exception):
@@ -315,9 +320,18 @@ def build_parser():
                         " is never lost by accident)")
     g.add_argument("--save-every", type=non_negative_int, default=0,
                    help="also save every N steps (default: 0 = epoch ends and SIGTERM only)")
+    g.add_argument("--save-every-minutes", type=finite_float(0, False, "10"), default=0,
+                   metavar="M",
+                   help="also save when M minutes passed since the last save: bounds what a"
+                        " kill without warning (SIGKILL, a lost node) loses (default: 0 = off)")
     g.add_argument("--resume", nargs="?", const="auto", default=None, metavar="PATH",
                    help="continue from PATH (bare flag: CHECKPOINT_DIR/last.pt); a missing,"
                         " corrupt or mismatched checkpoint is an error, never a fresh start")
+    g.add_argument("--auto-resume", action="store_true",
+                   help="continue CHECKPOINT_DIR/last.pt when it exists, else start fresh: one"
+                        " command line for every restart (Slurm requeue, torchrun"
+                        " --max-restarts, Kubernetes). A last.pt of other settings, or"
+                        " unreadable, is still an error, never replaced")
     g.add_argument("--log-every", type=positive_int, default=20,
                    help="progress update every N steps (default: 20)")
     g.add_argument("--progress", choices=("auto", "bar", "lines", "none"), default="auto",
@@ -2298,7 +2312,8 @@ def check_checkpoint_dir(args, ranks):
         raise UsageError(f"--checkpoint-dir {folder} cannot be written ({error_text(e)}): give"
                          " a directory this user can write (e.g. under /workspace), fix its"
                          " permissions, or --checkpoint-dir '' to save nothing") from None
-    if last.exists() and not (args.overwrite or continues(args.resume, last)):
+    if last.exists() and not (args.overwrite or args.auto_resume
+                              or continues(args.resume, last)):
         held = checkpoint_summary(last) or "unreadable: not a train_amp checkpoint?"
         if args.resume:  # continuing another checkpoint would save over this one
             raise UsageError(f"{last} already holds a run ({held}) and --resume {args.resume}"
@@ -2605,6 +2620,7 @@ class Trainer:
         self.config = job_config(args, self.num_classes, ranks, self.amp_dtype)
         self.ckpt_path = (pathlib.Path(args.checkpoint_dir) / "last.pt" if args.checkpoint_dir
                           else None)
+        self.saved_at = time.monotonic()  # --save-every-minutes counts from here
         self.guard = LossGuard(device, self.scaler,
                                divergence_hint(args, self.lr, self.amp_dtype, self.ckpt_path))
         self.label = label or f"{args.model} amp={amp_name(self.amp_dtype)}"
@@ -2675,11 +2691,21 @@ class Trainer:
 
     # -- checkpoints
 
+    def _resuming(self):
+        """--resume, or --auto-resume with a last.pt there (rank 0 looks: all ranks follow)."""
+        if not self.args.auto_resume:
+            return bool(self.args.resume)
+        found = self.ranks.any_true(self.ranks.main and self.ckpt_path.exists())
+        if not found:
+            self.ranks.print_on_main(f"--auto-resume: no {self.ckpt_path} yet: a fresh run")
+        return found
+
     def resume(self):
         """Load --resume's checkpoint: weights, optimizer, scaler, LR schedule, position, RNG.
         -> False when it has already finished this job."""
         args = self.args
-        path = self.ckpt_path if args.resume == "auto" else pathlib.Path(args.resume)
+        path = (self.ckpt_path if args.resume == "auto" or args.auto_resume
+                else pathlib.Path(args.resume))
         ckpt = load_checkpoint(path, self.config)
         try:
             self.net.load_state_dict(ckpt["model"])
@@ -2711,6 +2737,7 @@ class Trainer:
         """Checkpoint the job as being at (epoch, step_in_epoch). Every rank first checks the
         loss and (when saving) the weights: a diverged model is never saved."""
         self.guard.check(self.ranks, self.global_step, self.net if self.ckpt_path else None)
+        self.saved_at = time.monotonic()
         if self.ckpt_path is None or not self.ranks.main:
             return
         save_checkpoint(self.ckpt_path, {
@@ -2725,7 +2752,7 @@ class Trainer:
 
     def run(self):
         """Train to the end of the job -> its result (rank 0's view). Raises Stopped."""
-        if self.args.resume and not self.resume():
+        if self._resuming() and not self.resume():
             return {"config": self.config, "history": self.history,
                     "final": self.history[-1] if self.history else {}, "already_done": True}
         self.model, self.compiled, self.graphs = wrap_model(self.net, self.args, self.device,
@@ -2835,16 +2862,22 @@ class Trainer:
         """At a step boundary all ranks agree whether a stop was requested; then save when
         stopping, or every --save-every steps (the epoch's last step is saved by its end)."""
         stop_now = self.ranks.any_true(self.stop.requested)
-        every = self.args.save_every
-        if not (stop_now or (every and self.global_step % every == 0 and not last)):
+        every, minutes = self.args.save_every, self.args.save_every_minutes
+        due = every and self.global_step % every == 0
+        if minutes and not (stop_now or due or last):  # any rank's clock: all save together
+            due = self.ranks.any_true(time.monotonic() - self.saved_at >= 60 * minutes)
+        if not (stop_now or (due and not last)):
             return
         self.epoch_sums = meter.fold_into(self.epoch_sums, self.ranks, self.bad_images.take())
         self.save(epoch, step)
         self.ranks.barrier()
         if stop_now:
             progress.close()
-            where = (f"checkpoint saved to {self.ckpt_path}; continue with --resume"
-                     if self.ckpt_path else "no --checkpoint-dir, nothing saved")
+            where = (f"checkpoint saved to {self.ckpt_path}; continue with --resume (or the"
+                     " same command with --auto-resume)" if self.ckpt_path else
+                     "no --checkpoint-dir, nothing saved")
+            if self.stop.signal_name == "SIGUSR1":
+                where += f"; exit status {EXIT_REQUEUE}: requeue the job"
             self.ranks.print_on_main(
                 f"stopped by {self.stop.signal_name} at epoch {epoch + 1} step {step}/{n_steps}"
                 f" (global step {self.global_step}/{self.total}): {where}")
@@ -3101,6 +3134,10 @@ def check_args(args, ranks):
     if args.resume == "auto" and not args.checkpoint_dir and not (args.benchmark
                                                                   or args.compare):
         raise UsageError("--resume without a path needs --checkpoint-dir")
+    if args.auto_resume and (args.resume or args.overwrite or not (
+            args.checkpoint_dir or args.benchmark or args.compare)):
+        raise UsageError("--auto-resume continues CHECKPOINT_DIR/last.pt or starts fresh: give"
+                         " it with --checkpoint-dir, and without --resume or --overwrite")
     device = pick_device(args, ranks)
     amp_dtype = resolve_amp(args.amp, device)  # --amp fp16 on CPU, bf16 on a GPU without it
     if device.type == "cpu" and (amp_dtype or args.compare and args.amp == "auto"):
@@ -3121,8 +3158,9 @@ def check_args(args, ranks):
 
 
 class StopRequest:
-    """Set by SIGTERM/SIGINT (docker stop, a scheduler's preemption, Ctrl-C). The handler only
-    sets it: the step in flight finishes, then every rank saves and exits together."""
+    """Set by SIGTERM/SIGINT (docker stop, a scheduler's preemption, Ctrl-C) and SIGUSR1 (a
+    scheduler's warning before its time limit). The handler only sets it: the step in flight
+    finishes, then every rank saves and exits together (0, or EXIT_REQUEUE after SIGUSR1)."""
 
     def __init__(self):
         self.requested, self.signal_name = False, None
@@ -3139,6 +3177,9 @@ class StopRequest:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        # Slurm's --signal=USR1@SECONDS (the time limit is near) or a preemption warning: its
+        # default action would end the process without a checkpoint.
+        signal.signal(signal.SIGUSR1, on_signal)
         return self
 
 
@@ -3212,7 +3253,7 @@ def main(argv=None):
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_LAUNCH
     except Stopped:
-        return 0
+        return EXIT_REQUEUE if stop.signal_name == "SIGUSR1" else 0
     finally:
         ranks.close()
 

@@ -368,3 +368,46 @@ def test_torchrun_script_forms_one_job_across_nodes_over_c10d(slurm_cluster):
     assert "launch: torchrun: rank 0, world size 4, local rank 0 of 2" in out, out
     assert "world_size=4 " in out and "steps/epoch=2 " in out and SUMMARY.search(out), out
     assert checkpoint_of(cluster, f"{ck}/last.pt") == {"global_step": 2, "world_size": 4}
+
+
+def test_requeued_job_resumes_and_ends_with_the_weights_of_an_uninterrupted_run(slurm_cluster):
+    """slurm/train-srun.sbatch warned of its time limit (USR1 to the batch shell, as
+    --signal=B:USR1@120 sends it) should checkpoint, requeue itself, continue with the same
+    command line (--auto-resume) and end with the same weights as an uninterrupted job."""
+    cluster = slurm_cluster
+    script = "/shared/slurm/train-srun.sbatch"
+    # 1024 images / 4 ranks / 32 = 8 steps per epoch, 2 epochs; the same seed in both jobs.
+    args = [*TRAIN, "--synthetic-size", "1024", "--epochs", "2", "--seed", "3"]
+    whole = cluster.sbatch(*SBATCH, script, *args, "--checkpoint-dir", "/shared/ck-whole")
+    job = cluster.wait_job(whole)
+    assert job["JobState"] == "COMPLETED", f"the uninterrupted job failed: {job}\n{cluster.logs(whole)}"
+
+    job_id = cluster.sbatch(*SBATCH, script, *args, "--checkpoint-dir", "/shared/ck-requeued")
+    deadline = time.monotonic() + JOB_S
+    while not re.search(r"^epoch 1/2 step [3-6]/8 ", cluster.output(job_id), re.MULTILINE):
+        job = cluster.job(job_id)
+        if job.get("JobState") in TERMINAL or time.monotonic() > deadline:
+            pytest.fail(f"the job did not reach step 3 ({job}):\n{cluster.logs(job_id)}")
+        time.sleep(0.2)
+    code, out = cluster.sh(f"scancel --batch --signal=USR1 {job_id}")  # what Slurm sends
+    assert code == 0, out
+    job = cluster.wait_job(job_id)
+    out = cluster.output(job_id)
+    assert job["JobState"] == "COMPLETED" and job.get("Restarts") == "1", (
+        f"the job should requeue once and complete: {job}\n{cluster.logs(job_id)}")
+    stopped = re.search(r"^stopped by SIGUSR1 at epoch 1 step (\d)/8 \(global step (\d+)/16\)"
+                        r".*exit status 75: requeue the job$", out, re.MULTILINE)
+    assert stopped and "train-amp: requeueing job" in out, f"no checkpoint-and-requeue:\n{out}"
+    assert re.search(rf"^resumed from /shared/ck-requeued/last\.pt: epoch 1 step {stopped[1]}/8"
+                     rf" \(global step {stopped[2]}/16\)$", out, re.MULTILINE), (
+        f"the requeued run should continue at global step {stopped[2]}:\n{out}")
+    code, cmp = cluster.sh(
+        "python3 -c 'import sys,torch\n"
+        "a, b = (torch.load(p, map_location=\"cpu\", weights_only=True) for p in sys.argv[1:])\n"
+        "print(\"STEPS\", a[\"global_step\"], b[\"global_step\"])\n"
+        "d = max((x.double() - b[\"model\"][k].double()).abs().max().item()\n"
+        "        for k, x in a[\"model\"].items() if x.is_floating_point())\n"
+        "print(\"MAXDIFF\", d)' /shared/ck-whole/last.pt /shared/ck-requeued/last.pt")
+    assert code == 0 and "STEPS 16 16" in cmp, f"both jobs should end at global step 16:\n{cmp}"
+    print(f"\nrequeued at global step {stopped[2]}; final weights vs uninterrupted: {cmp.split()[-1]}")
+    assert "MAXDIFF 0.0" in cmp, f"the requeued job's final weights differ:\n{cmp}"
