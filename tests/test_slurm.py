@@ -409,5 +409,10 @@ def test_requeued_job_resumes_and_ends_with_the_weights_of_an_uninterrupted_run(
         "        for k, x in a[\"model\"].items() if x.is_floating_point())\n"
         "print(\"MAXDIFF\", d)' /shared/ck-whole/last.pt /shared/ck-requeued/last.pt")
     assert code == 0 and "STEPS 16 16" in cmp, f"both jobs should end at global step 16:\n{cmp}"
-    print(f"\nrequeued at global step {stopped[2]}; final weights vs uninterrupted: {cmp.split()[-1]}")
-    assert "MAXDIFF 0.0" in cmp, f"the requeued job's final weights differ:\n{cmp}"
+    diff = float(cmp.split()[-1])
+    print(f"\nrequeued at global step {stopped[2]}; final weights vs uninterrupted: max |diff| {diff:g}")
+    # Not bit-equal across processes: DDP rebuilds its gradient buckets after the first step of
+    # each run, so a run that restarts mid-job lays the gradients out differently in gloo's ring
+    # all-reduce, which then adds the 4 ranks' values in another order (measured: 1.7e-10). In
+    # one process a resume is bit-exact, and one that skips a batch moved the weights by 0.15.
+    assert diff <= 1e-6, f"the requeued job's final weights differ by {diff:g}:\n{cmp}"
