@@ -96,8 +96,10 @@ def test_help_documents_every_option(run_in_image):
     (["--compile"], {"CXX": "/nonexistent/g++"}, "install g++"),
     (["--cuda-graphs"], {}, "drop --cuda-graphs"),
     (["--decode-cpu-share", "1.5"], {}, "--decode-cpu-share 0.3"),
+    (["--auto-resume", "--resume"], {}, "without --resume or --overwrite"),
 ], ids=["unknown-model", "missing-data-path", "batch-size-0", "fp16-on-cpu",
-        "compile-without-compiler", "cuda-graphs-without-gpu", "cpu-share-above-1"])
+        "compile-without-compiler", "cuda-graphs-without-gpu", "cpu-share-above-1",
+        "auto-resume-with-resume"])
 def test_bad_input_exits_2_with_a_one_line_fix(start_container, args, env, fix):
     """Container should refuse bad input at once: exit 2 and one stderr line naming the fix."""
     c = start_container(["train_amp.py", *args], environment=env)
@@ -116,7 +118,8 @@ def test_bad_input_exits_2_with_a_one_line_fix(start_container, args, env, fix):
     (["--lr", "-1"], "argument --lr: must be a finite number > 0, got -1"),
     (["--weight-decay", "inf"], "argument --weight-decay: must be a finite number >= 0"),
     (["--grad-clip", "-0.5"], "argument --grad-clip: must be a finite number >= 0"),
-], ids=["lr-nan", "lr-negative", "weight-decay-inf", "grad-clip-negative"])
+    (["--save-every-minutes", "nan"], "argument --save-every-minutes: must be a finite number >= 0"),
+], ids=["lr-nan", "lr-negative", "weight-decay-inf", "grad-clip-negative", "save-minutes-nan"])
 def test_non_finite_or_out_of_range_numbers_exit_2_before_training(start_container, args, rule):
     """train_amp.py should reject NaN/inf/out-of-range numeric options at parse time: exit 2."""
     c = start_container(["train_amp.py", *SYNTH, "--steps", "1", *args])
@@ -481,6 +484,31 @@ def test_compare_runs_beside_an_existing_checkpoint_and_leaves_it_alone(checkpoi
     assert compare["rc"] == 0, f"--compare exited {compare['rc']}:\n{show(compare)}"
     assert any(ln.startswith("| images/s |") for ln in compare["out"]), show(compare)
     assert compare["sha"] == over["sha"], "--compare changed ck/last.pt"
+
+
+def test_auto_resume_starts_fresh_then_continues_and_never_replaces_another_run(
+        docker_client, image_ref, module_containers):
+    """One --auto-resume command line should start fresh in an empty --checkpoint-dir, continue
+    its own last.pt after that, do nothing once done, and refuse (exit 2) a last.pt made with
+    other settings without changing it."""
+    job = ["train_amp.py", *SYNTH, "--log-every", "100", "--checkpoint-dir", "ck", "--auto-resume"]
+    lines = [STEP_FN,
+             "step fresh " + shlex.join(job + ["--epochs", "1"]),
+             "step more " + shlex.join(job + ["--epochs", "2"]),
+             "step done " + shlex.join(job + ["--epochs", "2"]),
+             "step other " + shlex.join(job + ["--epochs", "2", "--lr", "0.5"]),
+             "set -- ck/last.pt", INSPECT_LAST]
+    runs, _ = run_steps(docker_client, image_ref, module_containers, lines, "auto-resume")
+    fresh, more, done, other = (runs[k] for k in ("fresh", "more", "done", "other"))
+    assert fresh["rc"] == 0 and "--auto-resume: no ck/last.pt yet: a fresh run" in fresh["out"], (
+        show(fresh))
+    assert more["rc"] == 0 and any("resumed from ck/last.pt" in ln and "(global step 8/16)" in ln
+                                   for ln in more["out"]), f"did not continue:\n{show(more)}"
+    assert done["rc"] == 0 and any("already finished this job" in ln for ln in done["out"]), (
+        show(done))
+    assert other["rc"] == 2 and "made with different settings" in "\n".join(other["err"]), (
+        f"a last.pt of other settings should be refused:\n{show(other)}")
+    assert other["sha"] == done["sha"] == more["sha"], "a refused or finished run changed last.pt"
 
 
 def test_resume_from_another_path_never_replaces_the_checkpoint_dirs_run(
