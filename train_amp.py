@@ -113,6 +113,8 @@ saves a checkpoint at the end of the current step and exits 0; --resume continue
 checkpoints: a run never replaces another run's CHECKPOINT_DIR/last.pt by surprise: if one is
 there, add --resume to continue it, give another --checkpoint-dir for a new run (also for one
 continued with --resume PATH), or add --overwrite to replace it (at this run's first save).
+--auto-resume continues last.pt when it is there and starts fresh when not: the one command
+line for a job a scheduler restarts (slurm/*.sbatch and k8s/*.yaml use it).
 A save goes to last.HOST.PID.tmp, is fsynced, then renamed over last.pt, so a kill or a full
 disk leaves the previous last.pt intact; a temp file left by a kill -9 is removed at the next
 start. A run locks its CHECKPOINT_DIR (.train_amp.lock, flock): a second run into the same
