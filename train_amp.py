@@ -678,10 +678,11 @@ def visible_gpus(env, count=None):
 
 
 def node_gpus(env):
-    """How many GPUs Slurm gave this node's tasks of the step (SLURM_GPUS_ON_NODE), or None
-    where no launcher says: then every process on the node is taken to see the same GPUs."""
+    """How many GPUs Slurm gave the step's tasks on this node (SLURM_GPUS_ON_NODE, the same in
+    every task however they are bound), or None where nothing says (also 0: GPUs that Slurm does
+    not manage): then every process on the node is taken to see the same GPUs."""
     text = (env.get("SLURM_GPUS_ON_NODE") or "").strip()
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 def choose_gpu(local_rank, local_world, visible, on_node=None):
@@ -691,12 +692,13 @@ def choose_gpu(local_rank, local_world, visible, on_node=None):
     - At least one per process on the node: the local rank's (torchrun; srun showing every task
       all of the node's GPUs).
     - Fewer than the node's processes but more than one: Slurm showed each task its part of
-      the node's GPUs (--gpus-per-task=N, --gpu-bind=closest), so local rank % N. Each task's
-      own set with --gpus-per-task; with closest, the tasks of one socket share a set, and
-      consecutive local ranks (block distribution) get different GPUs of it.
-    Processes that would have to share a GPU (fewer on the node than processes; NCCL refuses
-    two ranks on one GPU) are an error, not a silent collision. `on_node`: the GPUs the node
-    has for all its processes when the launcher says (node_gpus); else the visible ones."""
+      the node's GPUs, so local rank % N. With --gpus-per-task=N every task's set is its own;
+      with --gpu-bind=closest the tasks of a socket share one, and get different GPUs of it
+      when they are consecutive local ranks (--distribution=*:block). Where they are not, two
+      land on one GPU and NCCL stops at start-up ("Duplicate GPU detected").
+    Processes that must share a GPU (fewer on the node than processes) are an error, not a
+    silent collision. `on_node`: the GPUs the node has for all its processes when the launcher
+    says (node_gpus); else the visible ones."""
     n, on_node = len(visible), len(visible) if on_node is None else on_node
     shown = f"CUDA_VISIBLE_DEVICES={','.join(visible)}" if visible else "no GPU visible"
     if n == 0:

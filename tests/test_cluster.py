@@ -159,6 +159,8 @@ GPU_CASES = {
     # --gpu-bind=closest on 2 sockets x 4 GPUs, 8 tasks in blocks: a socket's 4 tasks share 4.
     "closest-rank-6": (6, 8, "4,5,6,7", "8", 2),
     "uuids": (1, 2, "GPU-aa,GPU-bb", None, 1),
+    # SLURM_GPUS_ON_NODE=0: GPUs that Slurm does not manage; the visible ones count.
+    "gpus-not-from-slurm": (1, 2, "0,1", "0", 1),
     "more-processes-than-gpus": (2, 4, "0,1", None, "processes would share a GPU"),
     "slurm-too-few-gpus": (0, 4, "0", "2", "4 processes on this node but 2 GPU(s)"),
     "none-visible": (0, 1, "", None, "no GPU is visible"),
