@@ -179,9 +179,13 @@ for name, (rank, world, shown, on_node, _) in json.loads(sys.argv[1]).items():
     torch.cuda.device_count = lambda: len([g for g in shown.split(",") if g])
     ranks = train_amp.Ranks(train_amp.LaunchEnv("slurm", rank, world * 2, rank, world))
     try:
-        out[name] = str(train_amp.pick_device(argparse.Namespace(device="auto"), ranks))
+        device = str(train_amp.pick_device(argparse.Namespace(device="auto"), ranks))
     except train_amp.UsageError as e:
-        out[name] = f"error: {e}"
+        device = f"error: {e}"
+    # The pure choice that --print-launch prints, from the variables alone (no driver needed).
+    index, problem = train_amp.choose_gpu(rank, world, train_amp.visible_gpus(env),
+                                          train_amp.node_gpus(env))
+    out[name] = [device, f"cuda:{index}" if problem is None else f"error: {problem}"]
 print("DEVICES " + json.dumps(out))
 """
 
@@ -196,11 +200,13 @@ def test_each_process_uses_a_gpu_it_can_see(run_in_image):
     seen = json.loads(found[len("DEVICES "):])
     for name, (rank, world, shown, on_node, want) in GPU_CASES.items():
         where = f"{name}: local rank {rank} of {world}, CUDA_VISIBLE_DEVICES={shown!r}"
+        device, chosen = seen[name]
+        assert device == chosen, f"{where}: pick_device gave {device}, choose_gpu {chosen}"
         if isinstance(want, int):
-            assert seen[name] == f"cuda:{want}", f"{where}: {seen[name]}, expected cuda:{want}"
+            assert device == f"cuda:{want}", f"{where}: {device}, expected cuda:{want}"
         else:
-            assert seen[name].startswith("error: ") and want in seen[name], (
-                f"{where}: {seen[name]!r}, expected an error saying {want!r}")
+            assert device.startswith("error: ") and want in device, (
+                f"{where}: {device!r}, expected an error saying {want!r}")
 
 
 # The image as pyxis, Kubernetes `command:` and Apptainer run it: no entrypoint, a UID with no

@@ -2,7 +2,10 @@
 Slurm's daemons and munge (tests/slurm-node/Dockerfile), on one Docker network, with a shared
 volume at /shared standing for the cluster file system. Jobs are submitted with real `sbatch` as
 the image's user and run slurm/train-srun.sbatch, the plain-srun script users copy (one task per
-process, no torchrun: train_amp.py takes its rank from SLURM_*), with small CPU arguments."""
+process, no torchrun: train_amp.py takes its rank from SLURM_*), with small CPU arguments, and the
+torchrun scripts with pyxis and Apptainer stood in for. The nodes have GPUs as far as Slurm
+knows (gres.conf over made-up device files), so its GPU binding is real: each task's
+CUDA_VISIBLE_DEVICES, checked with train_amp.py --print-launch."""
 import io
 import json
 import os
@@ -20,7 +23,7 @@ from test_train_amp import SUMMARY, SYNTH
 import docker
 
 # Declared per node and used instead of what slurmd finds (SlurmdParameters=config_overrides), so
-# the tasks fit on any host, this 2-core one included: 2 that train, or 4 that print their GPU.
+# the tasks fit on any host, this 2-core one included (the GPU-binding job has 3 per node).
 NODE_CPUS = 4
 NODE_GPUS = 8
 # The job: 2 nodes x 2 tasks over gloo; small enough for a shared 2-core machine.
@@ -400,12 +403,13 @@ PLAN = re.compile(r"^launch plan: launcher=(?P<launcher>\S+) rank=(?P<rank>\d+) 
                   r" local_rank=(?P<local_rank>\d+) local_world=(?P<local_world>\d+)"
                   r" device=(?P<device>\S+)(?: gpu=(?P<gpu>\S+))?"
                   r" CUDA_VISIBLE_DEVICES=(?P<visible>\S+)", re.MULTILINE)
-# Two steps of 4 tasks per node in one job of 8 GPUs per node: each task bound to 2 of them, then
-# 4 tasks given 2 GPUs between them. Every task prints its plan; a marker line ends each step.
+# Two steps in one job of 3 tasks and 8 GPUs per node: each task bound to 2 GPUs (3 tasks, 2
+# visible each: cuda:LOCAL_RANK does not exist for local rank 2), then 2 tasks given 1 GPU
+# between them. Every task prints its plan; a marker line ends each step.
 BIND_JOB = """#!/bin/bash
 plan() { srun "$@" python3 /usr/local/bin/train_amp.py --print-launch; echo "=== step exit $?"; }
 plan --gpus-per-task=2
-plan --nodes=1 --ntasks=4 --gpus-per-node=2
+plan --nodes=1 --ntasks=2 --gpus-per-node=1
 """
 
 
@@ -414,11 +418,11 @@ def plans_of(text):
 
 
 def test_srun_tasks_bound_to_a_few_gpus_each_use_their_own(slurm_cluster):
-    """Tasks that Slurm shows only their own GPUs (--gpus-per-task=2, 4 tasks per node) should
-    each use one of theirs, no two on one GPU; 4 tasks given 2 GPUs should refuse, saying so."""
+    """Tasks that Slurm shows only their own GPUs (--gpus-per-task=2, 3 tasks per node) should
+    each use one of theirs, no two on one GPU; 2 tasks given 1 GPU should refuse, saying so."""
     cluster = slurm_cluster
     cluster.ctl.put_archive("/shared", tar_of({"bind.sh": (BIND_JOB.encode(), 0o755)}))
-    job_id = cluster.sbatch("--nodes=2", "--ntasks-per-node=4", "--cpus-per-task=1",
+    job_id = cluster.sbatch("--nodes=2", "--ntasks-per-node=3", "--cpus-per-task=1",
                             f"--gpus-per-node={NODE_GPUS}", "--time=5", "--chdir=/shared",
                             "--output=/shared/out/%x-%j.out", "/shared/bind.sh")
     job = cluster.wait_job(job_id)
@@ -428,18 +432,19 @@ def test_srun_tasks_bound_to_a_few_gpus_each_use_their_own(slurm_cluster):
     bound, (bound_exit, shared), shared_exit = steps[0], steps[1].split("\n", 1), steps[2].strip()
     assert bound_exit == "0", f"the step of bound tasks should succeed:\n{out}"
     plans = plans_of(bound)
-    assert [int(p["rank"]) for p in plans] == list(range(8)), f"8 tasks should print a plan:\n{out}"
+    assert [int(p["rank"]) for p in plans] == list(range(6)), f"6 tasks should print a plan:\n{out}"
     for p in plans:
         local = int(p["local_rank"])
+        assert local == int(p["rank"]) % 3, f"3 tasks per node, in blocks: {p}\n{out}"
         # Slurm numbers the node's GPUs 0-7 and gives task L GPUs 2L and 2L+1 (gres.conf order).
-        want = {"launcher": "slurm", "world": "8", "local_world": "4",
+        want = {"launcher": "slurm", "world": "6", "local_world": "3",
                 "visible": f"{2 * local},{2 * local + 1}", "device": f"cuda:{local % 2}",
                 "gpu": str(2 * local + local % 2)}
         assert {k: p[k] for k in want} == want, f"rank {p['rank']}: {p}, expected {want}\n{out}"
     refused = plans_of(shared)
-    assert len(refused) == 4 and all(p["device"] == "none" for p in refused), (
-        f"4 tasks on 2 GPUs should be refused, each printing device=none:\n{shared}")
-    assert shared.count("4 processes on this node but 2 GPU(s) for them") == 4, shared
+    assert len(refused) == 2 and all(p["device"] == "none" for p in refused), (
+        f"2 tasks on 1 GPU should be refused, each printing device=none:\n{shared}")
+    assert shared.count("2 processes on this node but 1 GPU(s) for them") == 2, shared
     assert shared_exit != "0", f"that step should fail:\n{shared}"
 
 
