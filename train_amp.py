@@ -353,6 +353,11 @@ def build_parser():
     g.add_argument("--out", default="amp_compare",
                    help="output directory of --compare (and --benchmark JSON) (default:"
                         " ./amp_compare)")
+    g.add_argument("--print-launch", action="store_true",
+                   help="print one line: this process's launcher, rank, world size, local rank"
+                        " and the GPU it would use (also where no CUDA driver is), then exit"
+                        " without forming the job or training (exit 2 if the GPUs cannot go"
+                        " round, 5 if the tasks cannot form one job)")
     return p
 
 
@@ -672,19 +677,100 @@ def writable_home():
     os.environ["HOME"] = str(fallback)
 
 
+def visible_gpus(env, count=None):
+    """The GPUs this process can use, in CUDA's order (cuda:i is the i-th): the entries of
+    CUDA_VISIBLE_DEVICES up to the first CUDA would reject (it ignores the rest), else
+    0..count-1. Slurm sets the variable per task from gres.conf, so the list is known on a host
+    without a GPU driver too; with a driver, `count` (torch.cuda.device_count()) caps it."""
+    text = env.get("CUDA_VISIBLE_DEVICES")
+    if text is None:
+        return [str(i) for i in range(count or 0)]
+    ids = []
+    for item in text.split(","):
+        if not re.fullmatch(r"\d+|(GPU|MIG)-[\w/-]+", item.strip()):
+            break
+        ids.append(item.strip())
+    return ids if count is None else ids[:count]
+
+
+def node_gpus(env):
+    """How many GPUs Slurm gave the step's tasks on this node (SLURM_GPUS_ON_NODE, the same in
+    every task however they are bound), or None where nothing says (also 0: GPUs that Slurm does
+    not manage): then every process on the node is taken to see the same GPUs."""
+    text = (env.get("SLURM_GPUS_ON_NODE") or "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def choose_gpu(local_rank, local_world, visible, on_node=None):
+    """-> (index into `visible`, None), or (None, why not): which GPU a process uses.
+    - One GPU visible: it (Slurm's --gpus-per-task=1 or --gpu-bind=single:1 show each task its
+      own; else the node's only one).
+    - At least one per process on the node: the local rank's (torchrun; srun showing every task
+      all of the node's GPUs).
+    - Fewer than the node's processes but more than one: Slurm showed each task its part of
+      the node's GPUs, so local rank % N. With --gpus-per-task=N every task's set is its own;
+      with --gpu-bind=closest the tasks of a socket share one, and get different GPUs of it
+      when they are consecutive local ranks (--distribution=*:block). Where they are not, two
+      land on one GPU and NCCL stops at start-up ("Duplicate GPU detected").
+    Processes that must share a GPU (fewer on the node than processes) are an error, not a
+    silent collision. `on_node`: the GPUs the node has for all its processes when the launcher
+    says (node_gpus); else the visible ones."""
+    n, on_node = len(visible), len(visible) if on_node is None else on_node
+    shown = f"CUDA_VISIBLE_DEVICES={','.join(visible)}" if visible else "no GPU visible"
+    if n == 0:
+        return None, f"no GPU is visible to local rank {local_rank}"
+    if on_node < local_world:
+        return None, (f"{local_world} processes on this node but {on_node} GPU(s) for them"
+                      f" ({shown}): processes would share a GPU. Start one process per GPU"
+                      " (--ntasks-per-node or torchrun's --nproc-per-node = GPUs per node)")
+    if n == 1:
+        return 0, None
+    if n >= local_world:
+        if local_rank >= n:
+            return None, (f"local rank {local_rank} but {n} GPUs visible ({shown}): start one"
+                          " process per GPU, or show each process its own GPU")
+        return local_rank, None
+    return local_rank % n, None
+
+
 def pick_device(args, ranks):
     if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise UsageError("--device cuda but no CUDA GPU is visible: run the container with"
                          " --gpus all, or drop --device cuda")
-    # srun --gpus-per-task (and other schedulers) may show each process only its own GPU.
-    n = torch.cuda.device_count()
-    if ranks.local_rank >= n and n != 1:
-        raise UsageError(f"local rank {ranks.local_rank} but {n} GPUs visible: start one"
-                         " process per GPU, or show each process its own GPU"
-                         " (CUDA_VISIBLE_DEVICES)")
-    return torch.device("cuda", ranks.local_rank if ranks.local_rank < n else 0)
+    # srun --gpus-per-task or --gpu-bind (and other schedulers) may show each process only its
+    # own GPUs, so the index comes from what this process sees, not from the local rank alone.
+    visible = visible_gpus(os.environ, torch.cuda.device_count())
+    index, problem = choose_gpu(ranks.local_rank, ranks.local_world, visible,
+                                node_gpus(os.environ))
+    if problem:
+        raise UsageError(problem)
+    return torch.device("cuda", index)
+
+
+def print_launch(args, ranks, env=None):
+    """--print-launch: the launch plan in one line, without a process group or a model, so a
+    scheduler's binding can be checked (also on nodes without a GPU driver) -> exit status."""
+    env = os.environ if env is None else env
+    e = ranks.env
+    if e.problem:
+        print(f"{PROG}: error: {e.problem}", file=sys.stderr, flush=True)
+        return EXIT_LAUNCH
+    visible = visible_gpus(env, torch.cuda.device_count() if torch.cuda.is_available() else None)
+    device, problem = "cpu", None
+    if args.device != "cpu" and (visible or args.device == "cuda"):
+        index, problem = choose_gpu(e.local_rank, e.local_world, visible, node_gpus(env))
+        device = "none" if problem else f"cuda:{index} gpu={visible[index]}"
+    master = f" master={e.master_addr}:{e.master_port}" if e.master_addr and e.world > 1 else ""
+    print(f"launch plan: launcher={e.launcher} rank={e.rank} world={e.world}"
+          f" local_rank={e.local_rank} local_world={e.local_world} device={device}"
+          f" CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '(unset)')}{master}",
+          flush=True)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    return 0
 
 
 # oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below AVX512_CORE_BF16: oneDNN then emulates bf16.
@@ -3231,6 +3317,8 @@ def main(argv=None):
     if args.list_models:
         print("\n".join(classification_models()))
         return 0
+    if args.print_launch:
+        return print_launch(args, ranks)
     stop = StopRequest().install(ranks)
     try:
         run(args, ranks, stop)

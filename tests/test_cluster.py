@@ -147,6 +147,68 @@ def test_launch_env_reads_each_launchers_variables(run_in_image):
     assert seen["nodelists"] == NODELISTS, f"Slurm host lists expanded wrongly: {seen['nodelists']}"
 
 
+# Each case: (local rank, processes on the node, CUDA_VISIBLE_DEVICES, SLURM_GPUS_ON_NODE) ->
+# the cuda:N a process must use, or the words of its error. Slurm shows a task only its GPUs
+# with --gpus-per-task and --gpu-bind, so cuda:LOCAL_RANK may not exist.
+GPU_CASES = {
+    "torchrun-8-of-8": (5, 8, "0,1,2,3,4,5,6,7", None, 5),
+    "gpus-per-task-1": (3, 4, "3", "4", 0),
+    "gpus-per-task-2-rank-1": (1, 4, "2,3", "8", 1),
+    "gpus-per-task-2-rank-2": (2, 4, "4,5", "8", 0),
+    "gpus-per-task-2-rank-3": (3, 4, "6,7", "8", 1),
+    # --gpu-bind=closest on 2 sockets x 4 GPUs, 8 tasks in blocks: a socket's 4 tasks share 4.
+    "closest-rank-6": (6, 8, "4,5,6,7", "8", 2),
+    "uuids": (1, 2, "GPU-aa,GPU-bb", None, 1),
+    # SLURM_GPUS_ON_NODE=0: GPUs that Slurm does not manage; the visible ones count.
+    "gpus-not-from-slurm": (1, 2, "0,1", "0", 1),
+    "more-processes-than-gpus": (2, 4, "0,1", None, "processes would share a GPU"),
+    "slurm-too-few-gpus": (0, 4, "0", "2", "4 processes on this node but 2 GPU(s)"),
+    "none-visible": (0, 1, "", None, "no GPU is visible"),
+}
+GPU_PROBE = r"""
+import argparse, json, os, sys
+sys.path.insert(0, "/usr/local/bin")
+import torch, train_amp
+out = {}
+for name, (rank, world, shown, on_node, _) in json.loads(sys.argv[1]).items():
+    env = {"CUDA_VISIBLE_DEVICES": shown, **({"SLURM_GPUS_ON_NODE": on_node} if on_node else {})}
+    os.environ.pop("SLURM_GPUS_ON_NODE", None)
+    os.environ.update(env)
+    # As a node with these GPUs would: the driver counts what CUDA_VISIBLE_DEVICES shows.
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: len([g for g in shown.split(",") if g])
+    ranks = train_amp.Ranks(train_amp.LaunchEnv("slurm", rank, world * 2, rank, world))
+    try:
+        device = str(train_amp.pick_device(argparse.Namespace(device="auto"), ranks))
+    except train_amp.UsageError as e:
+        device = f"error: {e}"
+    # The pure choice that --print-launch prints, from the variables alone (no driver needed).
+    index, problem = train_amp.choose_gpu(rank, world, train_amp.visible_gpus(env),
+                                          train_amp.node_gpus(env))
+    out[name] = [device, f"cuda:{index}" if problem is None else f"error: {problem}"]
+print("DEVICES " + json.dumps(out))
+"""
+
+
+def test_each_process_uses_a_gpu_it_can_see(run_in_image):
+    """train_amp.py should pick its GPU from what the task sees (Slurm's binding), and refuse
+    processes that would share one."""
+    code, out = run_in_image(["python", "-c", GPU_PROBE, json.dumps(GPU_CASES)], entrypoint="",
+                             timeout=120)
+    found = next((ln for ln in out.splitlines() if ln.startswith("DEVICES ")), None)
+    assert code == 0 and found, f"the device probe failed ({code}):\n{out}"
+    seen = json.loads(found[len("DEVICES "):])
+    for name, (rank, world, shown, on_node, want) in GPU_CASES.items():
+        where = f"{name}: local rank {rank} of {world}, CUDA_VISIBLE_DEVICES={shown!r}"
+        device, chosen = seen[name]
+        assert device == chosen, f"{where}: pick_device gave {device}, choose_gpu {chosen}"
+        if isinstance(want, int):
+            assert device == f"cuda:{want}", f"{where}: {device}, expected cuda:{want}"
+        else:
+            assert device.startswith("error: ") and want in device, (
+                f"{where}: {device!r}, expected an error saying {want!r}")
+
+
 # The image as pyxis, Kubernetes `command:` and Apptainer run it: no entrypoint, a UID with no
 # passwd entry (HOME=/), a read-only root filesystem with only /tmp writable.
 BARE = {"entrypoint": "", "user": "12345:12345", "read_only": True, "tmpfs": {"/tmp": ""}}

@@ -2,7 +2,10 @@
 Slurm's daemons and munge (tests/slurm-node/Dockerfile), on one Docker network, with a shared
 volume at /shared standing for the cluster file system. Jobs are submitted with real `sbatch` as
 the image's user and run slurm/train-srun.sbatch, the plain-srun script users copy (one task per
-process, no torchrun: train_amp.py takes its rank from SLURM_*), with small CPU arguments."""
+process, no torchrun: train_amp.py takes its rank from SLURM_*), with small CPU arguments, and the
+torchrun scripts with pyxis and Apptainer stood in for. The nodes have GPUs as far as Slurm
+knows (gres.conf over made-up device files), so its GPU binding is real: each task's
+CUDA_VISIBLE_DEVICES, checked with train_amp.py --print-launch."""
 import io
 import json
 import os
@@ -20,8 +23,9 @@ from test_train_amp import SUMMARY, SYNTH
 import docker
 
 # Declared per node and used instead of what slurmd finds (SlurmdParameters=config_overrides), so
-# 2 tasks per node fit on any host, this 2-core one included.
-NODE_CPUS = 2
+# the tasks fit on any host, this 2-core one included (the GPU-binding job has 3 per node).
+NODE_CPUS = 4
+NODE_GPUS = 8
 # The job: 2 nodes x 2 tasks over gloo; small enough for a shared 2-core machine.
 TRAIN = [*SYNTH, "--device", "cpu", "--log-every", "1", "--progress", "lines",
          "--dist-timeout", "120"]
@@ -59,8 +63,16 @@ JobCompType=jobcomp/filetxt
 JobCompLoc=/var/log/slurm/jobcomp.log
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
-NodeName={nodes} CPUs={cpus} RealMemory=1000 State=UNKNOWN
+# GPUs: made-up device files (gres.conf), so Slurm allocates and binds them and sets each
+# task's CUDA_VISIBLE_DEVICES as on a GPU node; nothing opens them.
+GresTypes=gpu
+NodeName={nodes} CPUs={cpus} RealMemory=1000 Gres=gpu:{gpus} State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=30 State=UP
+"""
+# No NVML here: the devices are the listed files, numbered in their order.
+GRES_CONF = """\
+AutoDetect=off
+Name=gpu File=/dev/fakegpu[0-{last}]
 """
 # Each container: the test's munge key (0400, owned by munge), munged, then the Slurm daemon in
 # the foreground (its log is the container's log).
@@ -186,8 +198,10 @@ def slurm_cluster(docker_client, slurm_node_image, docker_network):
     /shared holding slurm/ (the scripts users copy). Everything is removed afterwards."""
     prefix = f"slurm{uuid.uuid4().hex[:6]}"
     ctl_name, node_names = f"{prefix}-ctl", [f"{prefix}-node{i}" for i in range(2)]
-    conf = SLURM_CONF.format(ctl=ctl_name, nodes=f"{prefix}-node[0-1]", cpus=NODE_CPUS)
+    conf = SLURM_CONF.format(ctl=ctl_name, nodes=f"{prefix}-node[0-1]", cpus=NODE_CPUS,
+                             gpus=NODE_GPUS)
     files = {"slurm/slurm.conf": (conf.encode(), 0o644),
+             "slurm/gres.conf": (GRES_CONF.format(last=NODE_GPUS - 1).encode(), 0o644),
              "munge/munge.key": (os.urandom(1024), 0o400)}
     volume = docker_client.volumes.create(f"{prefix}-shared")
     started = []
@@ -196,7 +210,8 @@ def slurm_cluster(docker_client, slurm_node_image, docker_network):
             is_ctl = name == ctl_name
             # The controller owns the shared volume's set-up: the image's user owns it, and it
             # holds slurm/ as it is in this checkout.
-            extra = "install -d -o dev -g dev /shared/out && chown dev:dev /shared" if is_ctl else ""
+            extra = ("install -d -o dev -g dev /shared/out && chown dev:dev /shared" if is_ctl
+                     else f"for i in $(seq 0 {NODE_GPUS - 1}); do mknod /dev/fakegpu$i c 1 3; done")
             c = docker_client.containers.create(
                 slurm_node_image,
                 ["bash", "-c", START.format(extra=extra, daemon="slurmctld" if is_ctl else "slurmd")],
@@ -264,7 +279,9 @@ def test_two_node_job_trains_as_one_and_rank_0_alone_saves(slurm_cluster, run_in
     assert [int(e) for e, _ in summaries] == list(range(1, epochs + 1)), (
         f"one summary per epoch (rank 0 prints):\n{out}")
     _, listing = cluster.sh(f"ls -A {ck}")
-    assert listing.split() == ["last.pt"], f"{ck} should hold last.pt alone: {listing}"
+    # .train_amp.lock is the run's lock on the folder (it stays; the flock is what locks).
+    assert sorted(listing.split()) == [".train_amp.lock", "last.pt"], (
+        f"{ck} should hold last.pt alone (beside the run's lock file): {listing}")
     assert checkpoint_of(cluster, f"{ck}/last.pt") == {"global_step": 2 * epochs, "world_size": 4}
     _, renames = cluster.sh("cat /shared/renames.log")
     saves = [ln for ln in renames.splitlines() if ln.split()[-1:] == ["last.pt"]]
@@ -331,13 +348,19 @@ def test_killed_node_fails_the_job_and_resume_continues_from_its_checkpoint(slur
 
 # `apptainer exec [--nv] [--bind X] IMAGE CMD...` -> CMD: the nodes already are the image, so the
 # script's srun -> torchrun -> train_amp.py path runs for real; only the container runtime is not.
+# A bind whose source is missing ends the job, as apptainer does.
 APPTAINER_SHIM = """#!/bin/bash
 [ "$1" = exec ] || { echo "apptainer shim: only exec, got $1" >&2; exit 99; }
 shift
 while [ "$#" -gt 0 ]; do
   case $1 in
     --nv) shift ;;
-    --bind|-B) shift 2 ;;
+    --bind|-B)
+      IFS=, read -ra binds <<< "$2"
+      for b in "${binds[@]}"; do
+        [ -e "${b%%:*}" ] || { echo "apptainer shim: bind source ${b%%:*} does not exist" >&2; exit 98; }
+      done
+      shift 2 ;;
     -*) echo "apptainer shim: unknown option $1" >&2; exit 99 ;;
     *) shift; break ;;
   esac
@@ -357,14 +380,18 @@ def test_torchrun_script_forms_one_job_across_nodes_over_c10d(slurm_cluster):
     job_id = cluster.sbatch(
         *SBATCH, "--ntasks-per-node=1", f"--cpus-per-task={NODE_CPUS}",
         "/shared/slurm/train-apptainer.sbatch", *TRAIN, "--epochs", 1, "--checkpoint-dir", ck,
-        env={"SIF": "/shared/team-dl.sif", "GPUS_PER_NODE": "2", "BINDS": "/shared:/shared",
+        env={"SIF": "/shared/team-dl.sif", "GPUS_PER_NODE": "2",
              "PATH": f"/shared/bin:{path.strip()}"})
     job = cluster.wait_job(job_id)
     out = cluster.output(job_id)
+    # No BINDS: nothing is bound (a default /data would end the job where there is none).
     assert job["JobState"] == "COMPLETED" and job["NumTasks"] == "2", (
         f"job {job_id} should complete with one task per node: {job}\n{cluster.logs(job_id)}")
     shims = re.findall(r"^apptainer shim on (\S+): torchrun ", out, re.MULTILINE)
     assert sorted(shims) == sorted(n.name for n in cluster.nodes), f"one torchrun per node:\n{out}"
+    port = 10000 + int(job_id) % 20000  # train_amp.py's rule under bare srun: one per job
+    assert f"--rdzv-endpoint={cluster.nodes[0].name}:{port} " in out, (
+        f"the rendezvous should be on the first node at port {port}:\n{out}")
     assert "launch: torchrun: rank 0, world size 4, local rank 0 of 2" in out, out
     assert "world_size=4 " in out and "steps/epoch=2 " in out and SUMMARY.search(out), out
     assert checkpoint_of(cluster, f"{ck}/last.pt") == {"global_step": 2, "world_size": 4}
@@ -416,3 +443,100 @@ def test_requeued_job_resumes_and_ends_with_the_weights_of_an_uninterrupted_run(
     # all-reduce, which then adds the 4 ranks' values in another order (measured: 1.7e-10). In
     # one process a resume is bit-exact, and one that skips a batch moved the weights by 0.15.
     assert diff <= 1e-6, f"the requeued job's final weights differ by {diff:g}:\n{cmp}"
+
+
+
+# GPU binding: each task's launch plan (train_amp.py --print-launch), one line per process.
+PLAN = re.compile(r"^launch plan: launcher=(?P<launcher>\S+) rank=(?P<rank>\d+) world=(?P<world>\d+)"
+                  r" local_rank=(?P<local_rank>\d+) local_world=(?P<local_world>\d+)"
+                  r" device=(?P<device>\S+)(?: gpu=(?P<gpu>\S+))?"
+                  r" CUDA_VISIBLE_DEVICES=(?P<visible>\S+)", re.MULTILINE)
+# Two steps in one job of 3 tasks and 8 GPUs per node: each task bound to 2 GPUs (3 tasks, 2
+# visible each: cuda:LOCAL_RANK does not exist for local rank 2), then 2 tasks given 1 GPU
+# between them. Every task prints its plan; a marker line ends each step.
+BIND_JOB = """#!/bin/bash
+plan() { srun "$@" python3 /usr/local/bin/train_amp.py --print-launch; echo "=== step exit $?"; }
+plan --gpus-per-task=2
+plan --nodes=1 --ntasks=2 --gpus-per-node=1
+"""
+
+
+def plans_of(text):
+    return sorted((m.groupdict() for m in PLAN.finditer(text)), key=lambda p: int(p["rank"]))
+
+
+def test_srun_tasks_bound_to_a_few_gpus_each_use_their_own(slurm_cluster):
+    """Tasks that Slurm shows only their own GPUs (--gpus-per-task=2, 3 tasks per node) should
+    each use one of theirs, no two on one GPU; 2 tasks given 1 GPU should refuse, saying so."""
+    cluster = slurm_cluster
+    cluster.ctl.put_archive("/shared", tar_of({"bind.sh": (BIND_JOB.encode(), 0o755)}))
+    job_id = cluster.sbatch("--nodes=2", "--ntasks-per-node=3", "--cpus-per-task=1",
+                            f"--gpus-per-node={NODE_GPUS}", "--time=5", "--chdir=/shared",
+                            "--output=/shared/out/%x-%j.out", "/shared/bind.sh")
+    job = cluster.wait_job(job_id)
+    out = cluster.output(job_id)
+    steps = out.split("=== step exit ")
+    assert job["JobState"] == "COMPLETED" and len(steps) == 3, f"{job}\n{cluster.logs(job_id)}"
+    bound, (bound_exit, shared), shared_exit = steps[0], steps[1].split("\n", 1), steps[2].strip()
+    assert bound_exit == "0", f"the step of bound tasks should succeed:\n{out}"
+    plans = plans_of(bound)
+    assert [int(p["rank"]) for p in plans] == list(range(6)), f"6 tasks should print a plan:\n{out}"
+    for p in plans:
+        local = int(p["local_rank"])
+        assert local == int(p["rank"]) % 3, f"3 tasks per node, in blocks: {p}\n{out}"
+        # Slurm numbers the node's GPUs 0-7 and gives task L GPUs 2L and 2L+1 (gres.conf order).
+        want = {"launcher": "slurm", "world": "6", "local_world": "3",
+                "visible": f"{2 * local},{2 * local + 1}", "device": f"cuda:{local % 2}",
+                "gpu": str(2 * local + local % 2)}
+        assert {k: p[k] for k in want} == want, f"rank {p['rank']}: {p}, expected {want}\n{out}"
+    refused = plans_of(shared)
+    assert len(refused) == 2 and all(p["device"] == "none" for p in refused), (
+        f"2 tasks on 1 GPU should be refused, each printing device=none:\n{shared}")
+    assert shared.count("2 processes on this node but 1 GPU(s) for them") == 2, shared
+    assert shared_exit != "0", f"that step should fail:\n{shared}"
+
+
+# `srun --container-image=I --container-mounts=M --container-workdir=W CMD...` -> srun CMD: pyxis
+# stood in for on nodes that already are the image. A mount whose source is missing ends the
+# job, as pyxis does (enroot cannot mount it).
+PYXIS_SHIM = """#!/bin/bash
+args=()
+for a in "$@"; do
+  case $a in
+    --container-mounts=*)
+      IFS=, read -ra mounts <<< "${a#*=}"
+      for m in "${mounts[@]}"; do
+        [ -e "${m%%:*}" ] || { echo "pyxis shim: mount source ${m%%:*} does not exist" >&2; exit 98; }
+      done ;;
+    --container-*) ;;
+    *) args+=("$a") ;;
+  esac
+done
+echo "pyxis shim on $(hostname): srun ${args[*]}" >&2
+exec /usr/bin/srun "${args[@]}"
+"""
+
+
+def test_pyxis_script_starts_one_process_per_allocated_gpu_at_a_port_of_its_own(slurm_cluster):
+    """slurm/train-pyxis.sbatch (pyxis stood in for) with --gpus-per-node=2 should start 2
+    processes per node, each on its GPU, meeting at a port derived from the job id, with no
+    data mount unless asked for."""
+    cluster = slurm_cluster
+    cluster.ctl.put_archive("/shared", tar_of({"bin/srun": (PYXIS_SHIM.encode(), 0o755)}))
+    _, path = cluster.sh("echo $PATH")
+    job_id = cluster.sbatch(
+        "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2", "--gpus-per-node=2", "--time=5",
+        "--chdir=/shared", "--output=/shared/out/%x-%j.out", "/shared/slurm/train-pyxis.sbatch",
+        "--print-launch", env={"IMAGE": "team-dl.sqsh", "PATH": f"/shared/bin:{path.strip()}"})
+    job = cluster.wait_job(job_id)
+    out = cluster.output(job_id)
+    assert job["JobState"] == "COMPLETED", f"job {job_id} should complete: {job}\n{cluster.logs(job_id)}"
+    port = 10000 + int(job_id) % 20000  # train_amp.py's rule under bare srun: one per job
+    assert (f"--nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint={cluster.nodes[0].name}:{port} "
+            in out), f"2 processes per node, rendezvous at port {port} of the first node:\n{out}"
+    plans = plans_of(out)
+    assert [int(p["rank"]) for p in plans] == list(range(4)), f"4 processes should print:\n{out}"
+    for p in plans:
+        want = {"launcher": "torchrun", "world": "4", "local_world": "2", "visible": "0,1",
+                "device": f"cuda:{p['local_rank']}", "gpu": p["local_rank"]}
+        assert {k: p[k] for k in want} == want, f"rank {p['rank']}: {p}, expected {want}\n{out}"
