@@ -1,0 +1,59 @@
+"""`docker stop` with work running outside the services (issue 33): a train_amp run started in
+tmux, as the README advises for long jobs, gets SIGTERM and time to save its checkpoint before
+the container ends, and the log says what was running and whether it ended in time."""
+import re
+import uuid
+
+import pytest
+from conftest import READY, wait_for_log, wait_until
+
+# Small for 2 CPU cores (tests/test_train_amp.py's SYNTH), but 80 steps an epoch and 5 epochs:
+# it is still in its first epoch when the container is stopped.
+TRAIN = ("train_amp.py --model resnet18 --data synthetic --synthetic-size 2560 --num-classes 10"
+         " --image-size 32 --batch-size 32 --epochs 5 --log-every 1")
+CKPT_PROBE = ("import torch; c = torch.load('/workspace/checkpoints/last.pt', weights_only=False);"
+              " print('CKPT', c['epoch'], c['step_in_epoch'])")
+
+
+@pytest.fixture
+def workspace_volume(docker_client):
+    """A fresh named volume for /workspace (it takes the image's dev-owned folder), removed after
+    the test's containers (list it before start_container)."""
+    vol = docker_client.volumes.create(f"test-stop-{uuid.uuid4().hex[:10]}")
+    yield {vol.name: {"bind": "/workspace", "mode": "rw"}}
+    vol.remove(force=True)
+
+
+def test_docker_stop_lets_a_tmux_training_job_save_its_checkpoint(workspace_volume, start_container,
+                                                                   run_in_image):
+    """`docker stop` should SIGTERM a train_amp run in a tmux session and wait for it: the run
+    saves a checkpoint at the step it reached, the container exits 0, and the log names the
+    job and says that it ended in time."""
+    c = start_container(volumes=workspace_volume)
+    wait_for_log(c, READY, timeout=120)
+    rc, out = c.exec_run(["tmux", "new-session", "-d", "-s", "main", f"{TRAIN} > train.log 2>&1"],
+                         user="dev", workdir="/workspace")
+    assert rc == 0, f"tmux did not start the job: {out!r}"
+
+    def train_log():
+        return c.exec_run(["cat", "/workspace/train.log"]).output.decode(errors="replace")
+    wait_until(lambda: re.search(r"epoch 1/5 step [3-9]/80", train_log()), 240,
+               lambda: f"the job did not reach step 3:\n{train_log()}")
+
+    c.stop(timeout=10)
+    c.reload()
+    logs = c.logs().decode(errors="replace")
+    assert c.attrs["State"]["ExitCode"] == 0, f"docker stop should end with 0:\n{logs[-3000:]}"
+
+    _, out = run_in_image(["bash", "-c", f"cat train.log; python -c \"{CKPT_PROBE}\""],
+                          volumes=workspace_volume)
+    stopped = re.search(r"stopped by SIGTERM at epoch 1 step (\d+)/80 .*checkpoint saved", out)
+    assert stopped, f"train_amp should have saved on SIGTERM:\n{out[-3000:]}"
+    saved = re.search(r"^CKPT (\d+) (\d+)$", out, re.MULTILINE)
+    assert saved and saved.groups() == ("0", stopped.group(1)), (
+        f"the checkpoint should hold epoch 0 (the first) step {stopped.group(1)}, holds "
+        f"{saved and saved.groups()}:\n{out[-2000:]}")
+    assert re.search(r"^INFO .*Stopping jobs still running.*\n(INFO .*\n)*INFO .*train_amp\.py", logs,
+                     re.MULTILINE), f"the log should name the job it stopped:\n{logs[-3000:]}"
+    assert re.search(r"^INFO .*The jobs ended in time", logs, re.MULTILINE), \
+        f"the log should say the job ended in time:\n{logs[-3000:]}"
