@@ -57,3 +57,19 @@ def test_docker_stop_lets_a_tmux_training_job_save_its_checkpoint(workspace_volu
                      re.MULTILINE), f"the log should name the job it stopped:\n{logs[-3000:]}"
     assert re.search(r"^INFO .*The jobs ended in time", logs, re.MULTILINE), \
         f"the log should say the job ended in time:\n{logs[-3000:]}"
+
+
+def test_docker_stop_names_a_job_that_does_not_end_in_time(start_container):
+    """`docker stop -t 5` with STOP_TIMEOUT=5 should give a job that ignores SIGTERM 2 s, then
+    name it in a WARN with the fix, and still stop the services cleanly (exit 0, no SIGKILL)."""
+    c = start_container(environment={"STOP_TIMEOUT": "5"})
+    wait_for_log(c, READY, timeout=120)
+    c.exec_run(["bash", "-c", "trap '' TERM; exec sleep 300"], user="dev", detach=True)
+    wait_until(lambda: c.exec_run(["pgrep", "-x", "sleep"]).exit_code == 0, 30, "the job did not start")
+    c.stop(timeout=5)
+    c.reload()
+    logs = c.logs().decode(errors="replace")
+    assert c.attrs["State"]["ExitCode"] == 0, f"the services should still stop cleanly:\n{logs[-3000:]}"
+    assert re.search(r"^WARN .*Jobs still running after 2 s are killed with the container: \d+ sleep 300\."
+                     r" Fix: -e STOP_TIMEOUT=", logs, re.MULTILINE), \
+        f"a WARN should name the job and the fix:\n{logs[-3000:]}"

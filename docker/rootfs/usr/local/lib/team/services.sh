@@ -50,14 +50,15 @@ _jobs() {
 # stop_jobs: SIGTERM each job process, then wait for them until the jobs' deadline.
 # shellcheck disable=SC2329  # called by on_signal (a trap)
 stop_jobs() {
-  local jobs left deadline=$((SECONDS + stop_timeout - 3))
+  local jobs left line deadline=$((SECONDS + stop_timeout - 3))
   jobs=$(_jobs | paste -sd,)
   [ -n "$jobs" ] || return 0
   log_info "Stopping jobs still running outside the services (SIGTERM, up to $((stop_timeout - 3)) s to end):"
   while read -r line; do log_info "  ${line:0:160}"; done < <(ps -o pid=,user=,args= -p "$jobs")
   # shellcheck disable=SC2046  # one PID per word
   kill -TERM $(tr , ' ' <<<"$jobs") 2>/dev/null
-  while left=$(ps -o pid= -p "$jobs" | tr -d " " | paste -sd,) && [ -n "$left" ]; do
+  # Until each has ended (a zombie waiting for its parent to reap it has ended too).
+  while left=$(ps -o pid=,stat= -p "$jobs" | awk '$2 !~ /^Z/ { print $1 }' | paste -sd,) && [ -n "$left" ]; do
     if [ "$SECONDS" -ge "$deadline" ]; then
       log_warn "Jobs still running after $((stop_timeout - 3)) s are killed with the container: $(ps -o pid=,args= -p "$left" | sed "s/^ *//" | cut -c1-100 | paste -sd';'). Fix: -e STOP_TIMEOUT=<s> with docker stop -t <s> (or compose's stop_grace_period)"
       return 0
