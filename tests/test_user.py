@@ -43,10 +43,13 @@ def test_leading_zeros_are_read_as_the_decimal_number(run_in_image):
     ({"HOST_GID": "42"}, r"HOST_GID=42 is the GID of the privileged group 'shadow'"),
     ({"HOST_GID": "27"}, r"HOST_GID=27 is the GID of the privileged group 'sudo'"),
     ({"HOST_GID": "0042"}, r"HOST_GID=42 is the GID of the privileged group 'shadow'"),
-], ids=["sshd", "nobody", "daemon", "shadow", "sudo", "shadow-0042"])
+    ({"HOST_GID": "1"}, r"HOST_GID=1 is the GID of 'daemon', the image's 'daemon' account's group"),
+    ({"HOST_GID": "65534"}, r"HOST_GID=65534 is the GID of 'nogroup', the image's '\w+' account's group"),
+], ids=["sshd", "nobody", "daemon", "shadow", "sudo", "shadow-0042", "daemon-group", "nogroup"])
 def test_system_account_uids_and_privileged_gids_are_refused(run_in_image, env, named):
     """Container should refuse a HOST_UID another account of the image has, or the GID of a
-    privileged group (shadow reads /etc/shadow, sudo), naming it and the fix."""
+    privileged group (shadow reads /etc/shadow, sudo) or of another account's group (daemon,
+    nogroup), naming it and the fix."""
     code, out = run_in_image(SHOW_IDS, environment=env)
     assert code == 64, f"{env} should stop the container with 64, got {code}:\n{out}"
     assert re.search(rf"^ERROR .*{named}.*refused\. Fix: -e HOST_", out, re.MULTILINE), \
@@ -71,7 +74,7 @@ def test_a_workspace_owned_by_a_system_account_is_not_followed(run_in_image, tmp
     tmp_path.chmod(0o755)  # dev can list it, so only the ownership is in question
     code, out = run_in_image(SHOW_IDS, volumes={str(tmp_path): {"bind": "/workspace", "mode": "rw"}})
     assert code == 0 and "ids=1000:1000" in out, f"dev should keep 1000:1000:\n{out}"
-    assert re.search(r"^INFO .*/workspace belongs to UID 100, the image's 'sshd' account", out,
+    assert re.search(r"^INFO .*/workspace belongs to UID 100, the UID of the image's 'sshd' account", out,
                      re.MULTILINE), f"the log should say why the owner is not followed:\n{out}"
 
 

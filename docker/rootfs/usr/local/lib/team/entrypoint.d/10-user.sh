@@ -108,17 +108,24 @@ _id_from() {
 # utmp), /usr/local (Debian's staff), mail spools, ssh-agent's setgid group (_ssh), wheel.
 _PRIVILEGED_GROUPS=" root adm disk kmem mail shadow staff sudo tty utmp _ssh wheel "
 
-# _id_taken uid|gid ID: true (with _TAKEN set to the name) when ID is another account's UID in
-# the image (root, sshd's privilege separation user, nobody, ...) or a privileged group's GID.
-# dev would silently become that account, or read what that group guards.
+# _id_taken uid|gid ID: true when ID is another account's UID in the image (root, sshd's
+# privilege separation user, nobody, ...), or the GID of a privileged group or of another
+# account's own group (daemon, nogroup, ...); _TAKEN then says whose, for the message. dev
+# would silently become that account, or read what that group guards.
 _id_taken() {
+  local name group account
   if [ "$1" = uid ]; then
-    _TAKEN=$(getent passwd "$2" | cut -d: -f1)
-    [ -n "$_TAKEN" ] && [ "$_TAKEN" != "$NB_USER" ]
-  else
-    _TAKEN=$(getent group "$2" | cut -d: -f1)
-    [ -n "$_TAKEN" ] && [[ $_PRIVILEGED_GROUPS == *" $_TAKEN "* ]]
+    name=$(getent passwd "$2" | cut -d: -f1)
+    _TAKEN="the UID of the image's '$name' account"
+    [ -n "$name" ] && [ "$name" != "$NB_USER" ]
+    return
   fi
+  group=$(getent group "$2" | cut -d: -f1)
+  _TAKEN="the GID of the privileged group '$group'"
+  [ -n "$group" ] && [[ $_PRIVILEGED_GROUPS == *" $group "* ]] && return 0
+  account=$(getent passwd | awk -F: -v gid="$2" -v me="$NB_USER" '$4 == gid && $1 != me { print $1; exit }')
+  _TAKEN="the GID of '${group:-?}', the image's '$account' account's group"
+  [ -n "$account" ]
 }
 
 _user_step() {
@@ -141,10 +148,10 @@ _user_step() {
       if [ -z "$want_gid" ] && ! _id_taken gid "$ws_gid"; then
         want_gid=$ws_gid gid_from="the group of the mounted /workspace"
       elif [ -z "$want_gid" ] && [ "$ws_gid" -ne 0 ]; then
-        log_info "The mounted /workspace's group $ws_gid is the image's '$_TAKEN' group: $NB_USER keeps GID $old_gid (-e HOST_GID=\$(id -g) sets it)"
+        log_info "The mounted /workspace's group $ws_gid is $_TAKEN: $NB_USER keeps GID $old_gid (-e HOST_GID=\$(id -g) sets it)"
       fi
     elif [ "$ws_uid" -ne 0 ]; then
-      log_info "The mounted /workspace belongs to UID $ws_uid, the image's '$_TAKEN' account: $NB_USER keeps UID $old_uid (-e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g) sets it)"
+      log_info "The mounted /workspace belongs to UID $ws_uid, $_TAKEN: $NB_USER keeps UID $old_uid (-e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g) sets it)"
     fi
   fi
   want_uid=${want_uid:-$old_uid}; want_gid=${want_gid:-$old_gid}
@@ -159,11 +166,11 @@ _user_step() {
     exit 64
   fi
   if _id_taken uid "$want_uid"; then
-    log_error "$uid_from=$want_uid is the UID of the image's '$_TAKEN' account: $NB_USER would silently share it (and its files and processes); refused. Fix: -e HOST_UID=\$(id -u) with your own UID (the image's system accounts are below 1000, and nobody is 65534), or leave HOST_UID unset"
+    log_error "$uid_from=$want_uid is $_TAKEN: $NB_USER would silently share it (and its files and processes); refused. Fix: -e HOST_UID=\$(id -u) with your own UID (the image's system accounts are below 1000, and nobody is 65534), or leave HOST_UID unset"
     exit 64
   fi
   if _id_taken gid "$want_gid"; then
-    log_error "$gid_from=$want_gid is the GID of the privileged group '$_TAKEN': $NB_USER would get what it guards; refused. Fix: -e HOST_GID=\$(id -g) with your own group, or leave HOST_GID unset"
+    log_error "$gid_from=$want_gid is $_TAKEN: $NB_USER would share what it guards; refused. Fix: -e HOST_GID=\$(id -g) with your own group, or leave HOST_GID unset"
     exit 64
   fi
 
