@@ -1,10 +1,14 @@
 """`docker stop` with work running outside the services (issue 33): a train_amp run started in
-tmux, as the README advises for long jobs, gets SIGTERM and time to save its checkpoint before
-the container ends, and the log says what was running and whether it ended in time."""
+tmux, as the README advises for long jobs, or in a JupyterLab terminal, gets SIGTERM and time to
+save its checkpoint before the container ends, and the log says what was running and whether it
+ended in time."""
+import json
 import re
 import uuid
 
 import pytest
+import requests
+import websocket
 from conftest import READY, wait_for_log, wait_until
 
 # Small for 2 CPU cores (tests/test_train_amp.py's SYNTH), but 80 steps an epoch and 5 epochs:
@@ -18,22 +22,36 @@ CKPT_PROBE = ("import torch; c = torch.load('/workspace/checkpoints/last.pt', we
 @pytest.fixture
 def workspace_volume(docker_client):
     """A fresh named volume for /workspace (it takes the image's dev-owned folder), removed after
-    the test's containers (list it before start_container)."""
+    the test's containers (list it before start_container or start_jupyter)."""
     vol = docker_client.volumes.create(f"test-stop-{uuid.uuid4().hex[:10]}")
     yield {vol.name: {"bind": "/workspace", "mode": "rw"}}
     vol.remove(force=True)
 
 
-def test_docker_stop_lets_a_tmux_training_job_save_its_checkpoint(workspace_volume, start_container,
-                                                                   run_in_image):
-    """`docker stop` should SIGTERM a train_amp run in a tmux session and wait for it: the run
-    saves a checkpoint at the step it reached, the container exits 0, and the log names the
-    job and says that it ended in time."""
-    c = start_container(volumes=workspace_volume)
-    wait_for_log(c, READY, timeout=120)
-    rc, out = c.exec_run(["tmux", "new-session", "-d", "-s", "main", f"{TRAIN} > train.log 2>&1"],
-                         user="dev", workdir="/workspace")
+def _start_in_tmux(c, _base, _token, command):
+    rc, out = c.exec_run(["tmux", "new-session", "-d", "-s", "main", command], user="dev",
+                         workdir="/workspace")
     assert rc == 0, f"tmux did not start the job: {out!r}"
+
+
+def _start_in_jupyter_terminal(_c, base, token, command):
+    r = requests.post(f"{base}/api/terminals", headers={"Authorization": f"token {token}"}, timeout=30)
+    assert r.status_code == 200, f"creating a terminal should give 200, got {r.status_code}"
+    url = base.replace("http://", "ws://") + f"/terminals/websocket/{r.json()['name']}?token={token}"
+    ws = websocket.create_connection(url, timeout=30)
+    ws.send(json.dumps(["stdin", f"cd /workspace && {command}\r"]))
+    ws.close()  # the terminal and its job go on without a browser, as after closing the tab
+
+
+@pytest.mark.parametrize("start_job", [_start_in_tmux, _start_in_jupyter_terminal],
+                         ids=["tmux", "jupyter-terminal"])
+def test_docker_stop_lets_a_training_job_save_its_checkpoint(workspace_volume, start_jupyter,
+                                                             run_in_image, start_job):
+    """`docker stop` should SIGTERM a train_amp run in a tmux session or a JupyterLab terminal
+    and wait for it: the run saves a checkpoint at the step it reached, the container exits 0,
+    and the log names the job and says that it ended in time."""
+    c, base, token = start_jupyter(volumes=workspace_volume)
+    start_job(c, base, token, f"{TRAIN} > train.log 2>&1")
 
     def train_log():
         return c.exec_run(["cat", "/workspace/train.log"]).output.decode(errors="replace")
