@@ -27,12 +27,12 @@ fi
 own_pgid=$(ps -o pgid= -p $$ | tr -d ' ')
 
 # _jobs: the PIDs of every process outside the services that is part of a job: in tmux, an
-# SSH session, a JupyterLab terminal or from `docker exec`. Not in the services' process groups
-# (ours, Jupyter's, sshd's), not PID 1, tmux's server or an sshd process, not a notebook kernel or what runs
-# under one (Jupyter shuts its kernels down itself). A shell that leads its session (a tmux
-# pane's, a terminal's, an SSH login's) is left alone too: signalled, it would end and its
-# terminal's SIGHUP would kill the job it started before the job had saved. So each job
-# process is signalled, not its group.
+# SSH session, a JupyterLab terminal or from `docker exec`. Not in the services' process
+# groups (ours, Jupyter's, sshd's), not PID 1, tmux's server or an sshd process, not a notebook
+# kernel or what runs under one (Jupyter shuts its kernels down itself). A shell that leads its
+# session (a tmux pane's, a terminal's, an SSH login's) is left alone too: signalled, it would
+# end and its terminal's SIGHUP would kill the job it started before the job had saved. So
+# each job process is signalled, not its group.
 # shellcheck disable=SC2329  # called by stop_jobs, from the signal trap
 _jobs() {
   local kernels
