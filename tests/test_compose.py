@@ -90,6 +90,19 @@ def test_compose_config_reserves_the_gpu_with_shm_ports_volume_and_env_file(proj
     assert "profiles" not in dl, "the GPU service should start by default"
 
 
+def test_compose_tells_the_entrypoint_its_stop_grace_period(project):
+    """docker-compose.yml should set STOP_TIMEOUT to its stop_grace_period in seconds, so jobs
+    in tmux or a terminal get that time to save on `docker compose stop`, not the default 10 s."""
+    result = project["run"]("config")
+    assert result.returncode == 0, f"compose config failed:\n{result.stderr}"
+    dl = yaml.safe_load(result.stdout)["services"]["dl"]
+    grace = str(dl["stop_grace_period"])
+    seconds = int(grace[:-1]) * {"s": 1, "m": 60}[grace[-1]]
+    assert dl["environment"].get("STOP_TIMEOUT") == str(seconds), (
+        f"STOP_TIMEOUT should be {seconds} (stop_grace_period {grace}), is "
+        f"{dl['environment'].get('STOP_TIMEOUT')!r}")
+
+
 def test_compose_default_image_is_the_version_file_tag(project):
     """The compose and devcontainer image should be versions.json's descriptive tag."""
     config = yaml.safe_load(project["run"]("config").stdout)

@@ -123,6 +123,27 @@ def test_user_can_pip_install_other_packages_into_the_venv(run_in_image, tmp_pat
     assert out.strip().splitlines()[-1] == "/opt/venv", f"installed outside the venv:\n{out}"
 
 
+def test_pip_upgrade_of_a_pinned_package_says_the_pin_held_it(run_in_image, tmp_path):
+    """`pip install --upgrade torchvision` (also `python -m pip ... -U`) should say that the
+    image's pin kept it, not only "Requirement already satisfied"; other upgrades say nothing."""
+    _wheel(tmp_path, "torchvision", "99.0")
+    _wheel(tmp_path, "harmless-pkg", "1.0")
+    os.chmod(tmp_path, 0o755)
+    pip = "--no-index --find-links /wheels"
+    script = (f"pip install --upgrade {pip} torchvision 2>&1; echo UPGRADE rc=$?;"
+              f" python -m pip install -qU {pip} 'torchvision>=0.1' 2>&1; echo MODULE rc=$?;"
+              f" pip install --upgrade {pip} harmless-pkg 2>&1; echo OTHER rc=$?")
+    code, out = run_in_image(["bash", "-c", script], volumes={str(tmp_path): {"bind": "/wheels", "mode": "ro"}})
+    assert code == 0, out
+    upgrade, module, other = re.split(r"^(?:UPGRADE|MODULE|OTHER) rc=.*$", out, flags=re.MULTILINE)[:3]
+    note = rf"torchvision {re.escape(THIS['torchvision'])}: held at the image's pinned version"
+    for what, text in (("pip install --upgrade", upgrade), ("python -m pip install -qU", module)):
+        assert re.search(note, text) and "PIP_CONFIG_FILE=/dev/null" in text, (
+            f"{what} torchvision should say the pin held it, with the override:\n{text}")
+    assert "pinned" not in other, f"an upgrade of an unpinned package got the note:\n{other}"
+    assert "UPGRADE rc=0" in out and "OTHER rc=0" in out, f"pip should succeed:\n{out}"
+
+
 # As dev: the owner and mode of each pip-guard file, then whether an append to it succeeds.
 GUARD_PROBE = ("for f in /opt/venv/etc/constraints.txt /etc/pip.conf; do"
                " echo \"GUARD $f $(stat -c '%U:%G %a' $f) $( (echo '# x' >> $f) 2>/dev/null"

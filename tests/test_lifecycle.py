@@ -130,6 +130,17 @@ def test_health_reaches_healthy(start_container, public_key, env, port):
         assert "sshd on 22" in out.decode(), f"the check should cover sshd: {out!r}"
 
 
+def test_health_reaches_healthy_under_docker_run_init(start_container, public_key):
+    """Container started with `docker run --init` (Docker's init in front of tini) should become
+    healthy: the healthcheck finds the services by what they are, not as PID 1's children."""
+    c = start_container(environment={"PUBLIC_KEY": public_key}, init=True)
+    _, comm = c.exec_run(["cat", "/proc/1/comm"])
+    assert comm.decode().strip() == "docker-init", f"PID 1 should be Docker's init: {comm!r}"
+    wait_for_health(c)
+    _, out = c.exec_run(["/usr/local/bin/healthcheck"])
+    assert "sshd on 22" in out.decode(), f"the check should cover sshd: {out!r}"
+
+
 @pytest.mark.parametrize("pattern,name", [("jupyter-lab", "JupyterLab"), ("/usr/sbin/sshd -D", "sshd")])
 def test_healthcheck_fails_when_a_service_hangs(start_container, public_key, pattern, name):
     """Container healthcheck should fail, naming the service, when JupyterLab or sshd is frozen."""

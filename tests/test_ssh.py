@@ -483,9 +483,12 @@ def test_secrets_are_written_to_no_file(start_container, key):
                f"JupyterLab did not come up:\n{c.logs().decode()}")
     where = "/etc /home /root /run /tmp /workspace /var/log"
     as_nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups"
-    # The same searches must find what is there, or a broken grep would pass this test.
-    _, out = exec_in(c, f"grep -rlsF TEAM_ENVIRONMENT {where}; {as_nobody} grep -rlsF TEAM_ENVIRONMENT {where}")
-    assert out.split().count("/etc/team/environment") == 2, f"the search itself is broken: {out}"
+    # The same searches must find what is there, or a broken grep would pass this test: root
+    # finds the environment file, nobody only the world-readable bash.bashrc that loads it.
+    _, out = exec_in(c, f"grep -rlsF TEAM_ENVIRONMENT {where}")
+    assert "/etc/team/environment" in out.split(), f"the search itself is broken: {out}"
+    _, out = exec_in(c, f"{as_nobody} grep -rlsF TEAM_ENVIRONMENT {where}")
+    assert out.split() == ["/etc/bash.bashrc"], f"the search as nobody is broken: {out}"
     # Jupyter keeps the token in files only $NB_USER can read (its config and runtime dir).
     jupyter_private = ("/run/team/jupyter/", "/home/dev/.local/share/jupyter/runtime/")
     for name, value in env.items():

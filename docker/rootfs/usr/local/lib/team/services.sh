@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The services, under tini: sshd (when the SSH step enabled it) and JupyterLab as $NB_USER.
-# If either dies the other is stopped and we exit non-zero; SIGTERM/SIGINT stop both quickly.
+# If either dies the other is stopped and we exit non-zero; SIGTERM/SIGINT stop both, after
+# giving jobs outside the services (tmux, SSH sessions, docker exec) time to save.
 set -uo pipefail
 # shellcheck source=docker/rootfs/usr/local/lib/team/log.sh
 source /usr/local/lib/team/log.sh
@@ -11,10 +12,71 @@ source /usr/local/lib/team/user.sh
 state=/run/team
 jupyter_pid="" sshd_pid=""
 
-# stop_all: SIGTERM both (tini -g has usually sent it already), then SIGKILL what is left after
-# 8 s, inside Docker's default 10 s stop timeout.
+# docker stop's SIGTERM reaches tini, and tini -g passes it to our process group: this script
+# (the services have groups of their own, see below). Jobs started in tmux, an SSH session, a
+# JupyterLab terminal or by `docker exec` live in yet other groups, and were killed without a
+# chance to save when we exited. So on a stop they get SIGTERM first and time to end (a
+# checkpoint), inside Docker's grace period: STOP_TIMEOUT seconds (default 10, docker stop's;
+# set it to what you give docker stop -t or compose's stop_grace_period). Jobs get all but the
+# last 3 s; JupyterLab and sshd are stopped after them and get the rest.
+stop_timeout=${STOP_TIMEOUT:-10}
+if ! [[ $stop_timeout =~ ^[0-9]{1,5}$ ]] || [ "$stop_timeout" -lt 4 ]; then
+  log_warn "STOP_TIMEOUT='$stop_timeout' is not a number of seconds from 4 up: using 10. Fix: -e STOP_TIMEOUT=<the seconds docker stop -t gives, e.g. 60>"
+  stop_timeout=10
+fi
+own_pgid=$(ps -o pgid= -p $$ | tr -d ' ')
+
+# _jobs: the PIDs of every process outside the services that is part of a job: in tmux, an
+# SSH session, a JupyterLab terminal or from `docker exec`. Not in the services' process
+# groups (ours, Jupyter's, sshd's), not PID 1, tmux's server or an sshd process, not a notebook
+# kernel or what runs under one (Jupyter shuts its kernels down itself). A shell that leads its
+# session (a tmux pane's, a terminal's, an SSH login's) is left alone too: signalled, it would
+# end and its terminal's SIGHUP would kill the job it started before the job had saved. So
+# each job process is signalled, not its group.
+# shellcheck disable=SC2329  # called by stop_jobs, from the signal trap
+_jobs() {
+  local kernels
+  kernels=" $(pgrep -d ' ' -f 'ipykernel_launcher') "
+  ps -eo pid=,ppid=,pgid=,sid=,comm= | awk -v kernels="$kernels" \
+      -v services=" $own_pgid ${jupyter_pid:-0} ${sshd_pid:-0} " '
+    { ppid[$1] = $2 + 0; pg[$1] = $3 + 0; sid[$1] = $4 + 0
+      c = $0; sub(/^ *[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ /, "", c); comm[$1] = c }
+    END {
+      for (p in pg) {
+        if (p + 0 == 1 || pg[p] == 1 || index(services, " " pg[p] " ")) continue
+        if (comm[p] ~ /^tmux|^sshd$|^docker-init$|^tini$/) continue
+        if (comm[p] ~ /^-?(ba|da|z|fi|)sh$/ && sid[p] == p + 0) continue
+        for (q = p + 0; q > 1 && !index(kernels, " " q " "); q = ppid[q] + 0) {}
+        if (q <= 1) print p
+      }
+    }' | sort -n
+}
+
+# stop_jobs: SIGTERM each job process, then wait for them until the jobs' deadline.
+# shellcheck disable=SC2329  # called by on_signal (a trap)
+stop_jobs() {
+  local jobs left line deadline=$((SECONDS + stop_timeout - 3))
+  jobs=$(_jobs | paste -sd,)
+  [ -n "$jobs" ] || return 0
+  log_info "Stopping jobs still running outside the services (SIGTERM, up to $((stop_timeout - 3)) s to end):"
+  while read -r line; do log_info "  ${line:0:160}"; done < <(ps -o pid=,user=,args= -p "$jobs")
+  # shellcheck disable=SC2046  # one PID per word
+  kill -TERM $(tr , ' ' <<<"$jobs") 2>/dev/null
+  # Until each has ended (a zombie waiting for its parent to reap it has ended too).
+  while left=$(ps -o pid=,stat= -p "$jobs" | awk '$2 !~ /^Z/ { print $1 }' | paste -sd,) && [ -n "$left" ]; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      log_warn "Jobs still running after $((stop_timeout - 3)) s are killed with the container: $(ps -o pid=,args= -p "$left" | sed "s/^ *//" | cut -c1-100 | paste -sd';'). Fix: -e STOP_TIMEOUT=<s> with docker stop -t <s> (or compose's stop_grace_period)"
+      return 0
+    fi
+    sleep 0.2
+  done
+  log_info "The jobs ended in time"
+}
+
+# stop_all: SIGTERM both, then SIGKILL what is left by the stop's deadline, inside Docker's
+# stop timeout (STOP_TIMEOUT, default 10 s).
 stop_all() {
-  local pid deadline=$((SECONDS + 8))
+  local pid deadline=${stop_deadline:-$((SECONDS + 8))}
   for pid in $jupyter_pid $sshd_pid; do kill -TERM "$pid" 2>/dev/null; done
   for pid in $jupyter_pid $sshd_pid; do
     while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
@@ -26,7 +88,9 @@ stop_all() {
 
 # shellcheck disable=SC2329  # invoked by the traps below
 on_signal() {
+  stop_deadline=$((SECONDS + stop_timeout - 1))
   log_info "Received $1: stopping JupyterLab${sshd_pid:+ and sshd}"
+  stop_jobs
   stop_all
   log_info "Stopped cleanly"
   exit 0
@@ -36,6 +100,11 @@ trap 'on_signal SIGINT' INT
 
 mkdir -p "$state" 2>/dev/null || { state=/tmp/team-run; mkdir -p "$state" 2>/dev/null; } || state=""
 
+# Each service in a process group of its own (job control on while they start): tini -g's
+# SIGTERM then reaches this script alone, which lets the jobs save first (stop_jobs) and only
+# then stops the services. In our group, Jupyter began its shutdown at once, and a job in one
+# of its terminals got the terminal's SIGHUP before it had saved.
+set -m
 # The SSH step (30-ssh.sh) enables sshd only with a key and when we run as root.
 if [ "${SSHD_ENABLED:-0}" = 1 ]; then
   install -d -m 0755 /run/sshd   # privilege separation directory, lost with /run
@@ -55,6 +124,7 @@ as_nb_user --exec env -u TEAM_JUPYTER_URL -u SSHD_ENABLED HOME="$NB_HOME" USER="
   SHELL=/bin/bash jupyter lab \
   > >(/usr/local/lib/team/jupyter-log-redact "$TEAM_JUPYTER_DIR" >&2) 2>&1 &
 jupyter_pid=$!
+set +m
 
 if [ -n "$state" ]; then
   # For the healthcheck: what to probe. No secrets here.

@@ -27,6 +27,24 @@ _workspace_unwritable_reason() {
   echo "/workspace (owner $(stat -c %u:%g /workspace), mode $(stat -c %a /workspace)) is not writable by UID $1: notebooks and files cannot be saved. Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g), or on the host: chown \$(id -u):\$(id -g) <dir>"
 }
 
+# _workspace_check_readable UID: JupyterLab serves /workspace and commands start in it; one its
+# user cannot list (mode 000, or 700 and another owner) gave a wrong fix and hundreds of lines
+# of Jupyter tracebacks. Stop at once, with the fix that matches the cause.
+_workspace_check_readable() {
+  local uid=$1 owner mode fix
+  as_nb_user test -r /workspace -a -x /workspace && return 0
+  owner=$(stat -c %u /workspace); mode=$(stat -c %a /workspace)
+  if [ "$owner" = "$uid" ]; then
+    fix="on the host, give the owner access back: chmod u+rwx <dir>"
+  elif [ "$(id -u)" != 0 ]; then
+    fix="--user \$(stat -c %u:%g <dir>) to match the directory's owner, or on the host: chmod o+rx <dir>"
+  else
+    fix="on the host, chmod o+rx <dir> (read only) or chown \$(id -u):\$(id -g) <dir>, or -e HOST_UID=<the owner's UID>"
+  fi
+  log_error "/workspace (owner $owner, mode $mode) cannot be listed by UID $uid: JupyterLab and commands cannot open it. Fix: $fix"
+  exit 64
+}
+
 # _pick_home DIR WHO: DIR when WHO can write it, else a private folder in /tmp (a read-only
 # root filesystem, or a --user UID with no home of its own). Exports NB_HOME.
 _pick_home() {
@@ -49,10 +67,11 @@ _pick_home() {
 # A start with --user: nothing to remap (no root), but say so now if saving will fail.
 if [ "$(id -u)" != 0 ]; then
   _pick_home "${HOME:-}" "UID $(id -u)"
+  _workspace_check_readable "$(id -u)"
   if [ ! -w /workspace ]; then
     log_error "$(_workspace_unwritable_reason "$(id -u)")"
   fi
-  unset _ws_opts; unset -f _workspace_unwritable_reason _pick_home
+  unset _ws_opts; unset -f _workspace_unwritable_reason _pick_home _workspace_check_readable
   return 0
 fi
 
@@ -70,14 +89,43 @@ _need_caps() {
   exit 64
 }
 
-# _id_from NAME VALUE: validates a UID/GID (1..4294967294, Linux's range without -1) or exits
-# naming where it came from.
+# _id_from WHAT VALUE VAR: stores VALUE in VAR as a plain decimal number (1..4294967294, Linux's
+# range without -1), or exits naming where it came from. Leading zeros are dropped (01000 is
+# 1000, 00 is 0) and everything is compared as that number: compared as strings, "00" passed
+# the root check and usermod made dev UID 0. Only digits: -0, +5, 0x10 are refused, not guessed.
 _id_from() {
-  local what=$1 value=$2
-  if ! [[ $value =~ ^[0-9]{1,10}$ ]] || [ "$value" -gt 4294967294 ]; then
-    log_error "$what='$value' is not a valid ID (a number from 1 to 4294967294). Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g)"
+  local what=$1 value=$2 digits
+  digits=${value#"${value%%[!0]*}"}
+  if ! [[ $value =~ ^[0-9]+$ ]] || [ "${#digits}" -gt 10 ] || (( 10#${digits:-0} > 4294967294 )); then
+    log_error "$what='$value' is not a valid ID (a decimal number from 1 to 4294967294). Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g)"
     exit 64
   fi
+  printf -v "$3" '%d' "$((10#${digits:-0}))"
+}
+
+# Groups whose members read or change what an ordinary user must not: /etc/shadow (shadow),
+# sudo, logs (adm), raw disks and memory (disk, kmem), terminals and login records (tty,
+# utmp), /usr/local (Debian's staff), mail spools, ssh-agent's setgid group (_ssh), wheel.
+_PRIVILEGED_GROUPS=" root adm disk kmem mail shadow staff sudo tty utmp _ssh wheel "
+
+# _id_taken uid|gid ID: true when ID is another account's UID in the image (root, sshd's
+# privilege separation user, nobody, ...), or the GID of a privileged group or of another
+# account's own group (daemon, nogroup, ...); _TAKEN then says whose, for the message. dev
+# would silently become that account, or read what that group guards.
+_id_taken() {
+  local name group account
+  if [ "$1" = uid ]; then
+    name=$(getent passwd "$2" | cut -d: -f1)
+    _TAKEN="the UID of the image's '$name' account"
+    [ -n "$name" ] && [ "$name" != "$NB_USER" ]
+    return
+  fi
+  group=$(getent group "$2" | cut -d: -f1)
+  _TAKEN="the GID of the privileged group '$group'"
+  [ -n "$group" ] && [[ $_PRIVILEGED_GROUPS == *" $group "* ]] && return 0
+  account=$(getent passwd | awk -F: -v gid="$2" -v me="$NB_USER" '$4 == gid && $1 != me { print $1; exit }')
+  _TAKEN="the GID of '${group:-?}', the image's '$account' account's group"
+  [ -n "$account" ]
 }
 
 _user_step() {
@@ -92,39 +140,54 @@ _user_step() {
   # A root-owned mount (Docker Desktop, a directory Docker created) says nothing about the
   # host user, and following it would make Jupyter run as root: keep the image's UID then.
   # A root *group* alone (4242:0, common for dirs made by root with a user's UID) keeps the
-  # image's GID the same way, rather than refusing a variable the user never set.
-  if [ -z "$want_uid" ] && [ "$WORKSPACE_MOUNTED" = 1 ] && [ "$ws_uid" != 0 ]; then
-    want_uid=$ws_uid uid_from="the owner of the mounted /workspace"
-    if [ -z "$want_gid" ] && [ "$ws_gid" != 0 ]; then
-      want_gid=$ws_gid gid_from="the group of the mounted /workspace"
+  # image's GID the same way, rather than refusing a variable the user never set. Another
+  # account's UID (sshd's 100, nobody's 65534) or a privileged group is not followed either.
+  if [ -z "$want_uid" ] && [ "$WORKSPACE_MOUNTED" = 1 ]; then
+    if ! _id_taken uid "$ws_uid"; then
+      want_uid=$ws_uid uid_from="the owner of the mounted /workspace"
+      if [ -z "$want_gid" ] && ! _id_taken gid "$ws_gid"; then
+        want_gid=$ws_gid gid_from="the group of the mounted /workspace"
+      elif [ -z "$want_gid" ] && [ "$ws_gid" -ne 0 ]; then
+        log_info "The mounted /workspace's group $ws_gid is $_TAKEN: $NB_USER keeps GID $old_gid (-e HOST_GID=\$(id -g) sets it)"
+      fi
+    elif [ "$ws_uid" -ne 0 ]; then
+      log_info "The mounted /workspace belongs to UID $ws_uid, $_TAKEN: $NB_USER keeps UID $old_uid (-e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g) sets it)"
     fi
   fi
   want_uid=${want_uid:-$old_uid}; want_gid=${want_gid:-$old_gid}
-  _id_from "$uid_from" "$want_uid"
-  _id_from "$gid_from" "$want_gid"
-  if [ "$want_uid" = 0 ]; then
+  _id_from "$uid_from" "$want_uid" want_uid
+  _id_from "$gid_from" "$want_gid" want_gid
+  if [ "$want_uid" -eq 0 ]; then
     log_error "$uid_from=0 would run JupyterLab and SSH sessions as root; refused. Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g), or GRANT_SUDO=1 for root access"
     exit 64
   fi
-  if [ "$want_gid" = 0 ]; then
+  if [ "$want_gid" -eq 0 ]; then
     log_error "$gid_from=0 would give JupyterLab and SSH sessions the root group; refused. Fix: -e HOST_GID=\$(id -g), or leave HOST_GID unset"
     exit 64
   fi
+  if _id_taken uid "$want_uid"; then
+    log_error "$uid_from=$want_uid is $_TAKEN: $NB_USER would silently share it (and its files and processes); refused. Fix: -e HOST_UID=\$(id -u) with your own UID (the image's system accounts are below 1000, and nobody is 65534), or leave HOST_UID unset"
+    exit 64
+  fi
+  if _id_taken gid "$want_gid"; then
+    log_error "$gid_from=$want_gid is $_TAKEN: $NB_USER would share what it guards; refused. Fix: -e HOST_GID=\$(id -g) with your own group, or leave HOST_GID unset"
+    exit 64
+  fi
 
-  if [ "$want_uid" != "$old_uid" ] || [ "$want_gid" != "$old_gid" ] || [ "${GRANT_SUDO:-0}" = 1 ]; then
+  if [ "$want_uid" -ne "$old_uid" ] || [ "$want_gid" -ne "$old_gid" ] || [ "${GRANT_SUDO:-0}" = 1 ]; then
     if [ "$ROOT_READONLY" = 1 ]; then
       log_error "Cannot make $NB_USER UID $want_uid:$want_gid (from $uid_from) or grant sudo: the root filesystem is read-only (--read-only). Fix: --user $want_uid:$want_gid instead of HOST_UID/HOST_GID (no sudo), or drop --read-only"
       exit 64
     fi
   fi
-  if [ "$want_gid" != "$old_gid" ]; then
+  if [ "$want_gid" -ne "$old_gid" ]; then
     # -o: the host GID may already name a group in the image (e.g. 100 "users").
     groupmod -o -g "$want_gid" "$NB_USER"
   fi
-  if [ "$want_uid" != "$old_uid" ]; then
+  if [ "$want_uid" -ne "$old_uid" ]; then
     usermod -o -u "$want_uid" "$NB_USER"
   fi
-  if [ "$want_uid" != "$old_uid" ] || [ "$want_gid" != "$old_gid" ]; then
+  if [ "$want_uid" -ne "$old_uid" ] || [ "$want_gid" -ne "$old_gid" ]; then
     # Only what the old IDs owned: quick on a fresh home, and a mounted home's other files stay.
     find "$home" -xdev \( -uid "$old_uid" -o -gid "$old_gid" \) -exec chown -h "$want_uid:$want_gid" {} +
     if [ "$WORKSPACE_MOUNTED" = 0 ]; then chown "$want_uid:$want_gid" /workspace; fi
@@ -134,11 +197,18 @@ _user_step() {
   if [ "${GRANT_SUDO:-0}" = 1 ]; then
     printf '%s ALL=(ALL) NOPASSWD:ALL\n' "$NB_USER" > /etc/sudoers.d/90-team-nb-user
     chmod 0440 /etc/sudoers.d/90-team-nb-user
-    log_info "GRANT_SUDO=1: $NB_USER has passwordless sudo"
+    # --security-opt no-new-privileges makes the kernel ignore sudo's setuid bit: say so now,
+    # not when the user's first sudo fails.
+    if grep -Eq '^NoNewPrivs:[[:space:]]*1' /proc/self/status; then
+      log_warn "GRANT_SUDO=1, but the container runs with no-new-privileges (--security-opt no-new-privileges), under which sudo cannot work: the kernel ignores its setuid bit. Fix: drop --security-opt no-new-privileges, or run root commands with docker exec -u root CONTAINER ..."
+    else
+      log_info "GRANT_SUDO=1: $NB_USER has passwordless sudo"
+    fi
   elif [ -e /etc/sudoers.d/90-team-nb-user ]; then
     rm -f /etc/sudoers.d/90-team-nb-user
   fi
 
+  _workspace_check_readable "$want_uid"
   if ! as_nb_user test -w /workspace; then
     log_error "$(_workspace_unwritable_reason "$want_uid")"
   fi
@@ -146,5 +216,6 @@ _user_step() {
   _pick_home "$home" "$NB_USER"
 }
 _user_step
-unset _ws_opts
-unset -f _user_step _need_caps _id_from _workspace_unwritable_reason _pick_home
+unset _ws_opts _PRIVILEGED_GROUPS _TAKEN
+unset -f _user_step _need_caps _id_from _id_taken _workspace_unwritable_reason _pick_home \
+  _workspace_check_readable

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Step 35: write the container's environment (docker run -e and the image's ENV) to
-# /etc/team/environment, which SSH sessions and tmux load; secrets are never written.
+# /etc/team/environment (readable by dev only), which SSH sessions and tmux load; secrets are
+# never written.
 
 # Names that SSH/login set per session (or that would be wrong in another process).
 _ENV_SESSION=" _ HOME HOSTNAME LOGNAME MAIL OLDPWD PWD SHELL SHLVL TERM USER TMUX TMUX_PANE
@@ -10,9 +11,14 @@ _ENV_SESSION=" _ HOME HOSTNAME LOGNAME MAIL OLDPWD PWD SHELL SHLVL TERM USER TMU
 # environment (docker exec still sees them) but never reach a file or an SSH session. By name,
 # and by value shape: a URL with a password in it (DATABASE_URL=postgres://u:pass@h/db,
 # HTTPS_PROXY=http://u:pass@proxy:3128) is a secret whatever the variable is called.
+# Besides the obvious words, the names common tools use: GitHub/GitLab personal access tokens
+# (GH_PAT, *_PAT), npm and Docker auth (NPM_AUTH, NPM_CONFIG__AUTH, DOCKER_AUTH_CONFIG), Sentry
+# DSNs (SENTRY_DSN), MySQL's MYSQL_PWD, *_PASS/*_PASSPHRASE, *_CREDS, *APIKEY, webhook URLs and
+# cookies. Not *AUTH* alone: GIT_AUTHOR_NAME/EMAIL belong in SSH sessions.
 _env_is_secret() {
   case ${1^^} in
     PUBLIC_KEY*|JUPYTER_TOKEN|JUPYTER_PASSWORD*|*PASSWORD*|*PASSWD*|*TOKEN*|*SECRET*|*CREDENTIAL*|*PRIVATE*|*_KEY|*_KEY_*|KEY) return 0 ;;
+    *_PAT|*_PAT_*|PAT|*_AUTH|*_AUTH_*|AUTH_*|*AUTHORIZATION*|*_DSN|DSN|*_PWD|*_PASS|*PASSPHRASE*|*_CRED|*_CREDS|*APIKEY*|*WEBHOOK*|*COOKIE*) return 0 ;;
   esac
   [[ $2 =~ [A-Za-z][A-Za-z0-9+.-]*://[^/@[:space:]]*:[^/@[:space:]]*@ ]]
 }
@@ -26,7 +32,7 @@ _env_main() {
   tmp=$(mktemp /etc/team/.environment.XXXXXX)
   {
     echo "# Container environment for SSH sessions and tmux, written at start by 35-env.sh."
-    echo "# Secrets (*TOKEN*, *PASSWORD*, *SECRET*, *_KEY, PUBLIC_KEY..., URLs with a password) are left out on purpose."
+    echo "# Secrets (*TOKEN*, *PASSWORD*, *SECRET*, *_KEY, *_PAT, *_AUTH, *_DSN, PUBLIC_KEY..., URLs with a password) are left out on purpose."
     # Marks this shell as loaded, so a nested interactive bash keeps e.g. an activated venv.
     echo "export TEAM_ENVIRONMENT='$out'"
     while IFS= read -r name; do
@@ -38,7 +44,10 @@ _env_main() {
       printf "export %s='%s'\n" "$name" "${value//\'/\'\\\'\'}"
     done < <(compgen -e | sort)
   } >"$tmp"
-  chmod 644 "$tmp"
+  # Only dev (and root) read it: a variable the filter above misses must not be readable by
+  # every account in the container. dev's UID/GID are final here (10-user.sh ran first).
+  chown "$(id -u "$NB_USER"):$(id -g "$NB_USER")" "$tmp"
+  chmod 600 "$tmp"
   mv -f "$tmp" "$out"
 }
 

@@ -1,0 +1,93 @@
+"""`docker stop` with work running outside the services (issue 33): a train_amp run started in
+tmux, as the README advises for long jobs, or in a JupyterLab terminal, gets SIGTERM and time to
+save its checkpoint before the container ends, and the log says what was running and whether it
+ended in time."""
+import json
+import re
+import uuid
+
+import pytest
+import requests
+import websocket
+from conftest import READY, wait_for_log, wait_until
+
+# Small for 2 CPU cores (tests/test_train_amp.py's SYNTH), but 80 steps an epoch and 5 epochs:
+# it is still in its first epoch when the container is stopped.
+TRAIN = ("train_amp.py --model resnet18 --data synthetic --synthetic-size 2560 --num-classes 10"
+         " --image-size 32 --batch-size 32 --epochs 5 --log-every 1")
+CKPT_PROBE = ("import torch; c = torch.load('/workspace/checkpoints/last.pt', weights_only=False);"
+              " print('CKPT', c['epoch'], c['step_in_epoch'])")
+
+
+@pytest.fixture
+def workspace_volume(docker_client):
+    """A fresh named volume for /workspace (it takes the image's dev-owned folder), removed after
+    the test's containers (list it before start_container or start_jupyter)."""
+    vol = docker_client.volumes.create(f"test-stop-{uuid.uuid4().hex[:10]}")
+    yield {vol.name: {"bind": "/workspace", "mode": "rw"}}
+    vol.remove(force=True)
+
+
+def _start_in_tmux(c, _base, _token, command):
+    rc, out = c.exec_run(["tmux", "new-session", "-d", "-s", "main", command], user="dev",
+                         workdir="/workspace")
+    assert rc == 0, f"tmux did not start the job: {out!r}"
+
+
+def _start_in_jupyter_terminal(_c, base, token, command):
+    r = requests.post(f"{base}/api/terminals", headers={"Authorization": f"token {token}"}, timeout=30)
+    assert r.status_code == 200, f"creating a terminal should give 200, got {r.status_code}"
+    url = base.replace("http://", "ws://") + f"/terminals/websocket/{r.json()['name']}?token={token}"
+    ws = websocket.create_connection(url, timeout=30)
+    ws.send(json.dumps(["stdin", f"cd /workspace && {command}\r"]))
+    ws.close()  # the terminal and its job go on without a browser, as after closing the tab
+
+
+@pytest.mark.parametrize("start_job", [_start_in_tmux, _start_in_jupyter_terminal],
+                         ids=["tmux", "jupyter-terminal"])
+def test_docker_stop_lets_a_training_job_save_its_checkpoint(workspace_volume, start_jupyter,
+                                                             run_in_image, start_job):
+    """`docker stop` should SIGTERM a train_amp run in a tmux session or a JupyterLab terminal
+    and wait for it: the run saves a checkpoint at the step it reached, the container exits 0,
+    and the log names the job and says that it ended in time."""
+    c, base, token = start_jupyter(volumes=workspace_volume)
+    start_job(c, base, token, f"{TRAIN} > train.log 2>&1")
+
+    def train_log():
+        return c.exec_run(["cat", "/workspace/train.log"]).output.decode(errors="replace")
+    wait_until(lambda: re.search(r"epoch 1/5 step [3-9]/80", train_log()), 240,
+               lambda: f"the job did not reach step 3:\n{train_log()}")
+
+    c.stop(timeout=10)
+    c.reload()
+    logs = c.logs().decode(errors="replace")
+    assert c.attrs["State"]["ExitCode"] == 0, f"docker stop should end with 0:\n{logs[-3000:]}"
+
+    _, out = run_in_image(["bash", "-c", f"cat train.log; python -c \"{CKPT_PROBE}\""],
+                          volumes=workspace_volume)
+    stopped = re.search(r"stopped by SIGTERM at epoch 1 step (\d+)/80 .*checkpoint saved", out)
+    assert stopped, f"train_amp should have saved on SIGTERM:\n{out[-3000:]}"
+    saved = re.search(r"^CKPT (\d+) (\d+)$", out, re.MULTILINE)
+    assert saved and saved.groups() == ("0", stopped.group(1)), (
+        f"the checkpoint should hold epoch 0 (the first) step {stopped.group(1)}, holds "
+        f"{saved and saved.groups()}:\n{out[-2000:]}")
+    assert re.search(r"^INFO .*Stopping jobs still running.*\n(INFO .*\n)*INFO .*train_amp\.py", logs,
+                     re.MULTILINE), f"the log should name the job it stopped:\n{logs[-3000:]}"
+    assert re.search(r"^INFO .*The jobs ended in time", logs, re.MULTILINE), \
+        f"the log should say the job ended in time:\n{logs[-3000:]}"
+
+
+def test_docker_stop_names_a_job_that_does_not_end_in_time(start_container):
+    """`docker stop -t 5` with STOP_TIMEOUT=5 should give a job that ignores SIGTERM 2 s, then
+    name it in a WARN with the fix, and still stop the services cleanly (exit 0, no SIGKILL)."""
+    c = start_container(environment={"STOP_TIMEOUT": "5"})
+    wait_for_log(c, READY, timeout=120)
+    c.exec_run(["bash", "-c", "trap '' TERM; exec sleep 300"], user="dev", detach=True)
+    wait_until(lambda: c.exec_run(["pgrep", "-x", "sleep"]).exit_code == 0, 30, "the job did not start")
+    c.stop(timeout=5)
+    c.reload()
+    logs = c.logs().decode(errors="replace")
+    assert c.attrs["State"]["ExitCode"] == 0, f"the services should still stop cleanly:\n{logs[-3000:]}"
+    assert re.search(r"^WARN .*Jobs still running after 2 s are killed with the container: \d+ sleep 300\."
+                     r" Fix: -e STOP_TIMEOUT=", logs, re.MULTILINE), \
+        f"a WARN should name the job and the fix:\n{logs[-3000:]}"
