@@ -1,5 +1,7 @@
 """Shared fixtures for the host-side suite: every test gets fresh containers of IMAGE_REF
 (set by `make test`), started through the Docker SDK and always removed afterwards."""
+import contextlib
+import http.server
 import json
 import os
 import pathlib
@@ -7,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -294,3 +297,23 @@ def docker_network(docker_client):
     for c in net.containers:
         c.remove(force=True, v=True)
     net.remove()
+
+
+@contextlib.contextmanager
+def http_status_server(status):
+    """A local HTTP server that answers every HEAD request with `status`, quietly: a registry's
+    401 to an anonymous client, an index's 404. -> its port, while the block runs."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()

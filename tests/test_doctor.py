@@ -6,7 +6,6 @@ points the script at them, holds ports with its own sockets, fakes /sys/class/in
 folder, and answers the registry probe from a local HTTP server (or a closed port). Only
 test_make_doctor_on_this_host uses the real host.
 """
-import http.server
 import json
 import os
 import pathlib
@@ -14,10 +13,10 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
+from conftest import http_status_server
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VERSIONS = json.loads((ROOT / "versions.json").read_text())
@@ -349,18 +348,8 @@ def test_base_missing_but_image_here_is_a_warning(host):
 @pytest.fixture
 def registry():
     """An HTTP server answering 401 to /v2/, as a registry does to an anonymous client."""
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_HEAD(self):
-            self.send_response(401)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v2/"
-    server.shutdown()
+    with http_status_server(401) as port:
+        yield f"http://127.0.0.1:{port}/v2/"
 
 
 def test_base_missing_but_registry_answers(host, registry):

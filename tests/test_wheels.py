@@ -2,17 +2,15 @@
 must install from wheels on its base's Python. These tests run it offline: a fake pip answers as
 pip did (a recorded --report, pip's own error text) and a local HTTP server stands in for the
 index, so what is tested is the script's logic, not PyPI. No image, no Docker, no network."""
-import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 
 import check_wheels  # scripts/check_wheels.py (conftest puts scripts/ on sys.path)
 import pytest
-from conftest import ROOT
+from conftest import ROOT, http_status_server
 
 REPORT = ROOT / "tests" / "data" / "pip-report-torch-2.15.0-cp312-x86_64.json"
 BLACKWELL = "2.15.0-cuda13.2"
@@ -48,18 +46,8 @@ sys.exit(1)
 @pytest.fixture(scope="module")
 def index():
     """A local 'index' that answers every request with 404: reachable, as the probe needs."""
-    class NotFound(http.server.BaseHTTPRequestHandler):
-        def do_HEAD(self):
-            self.send_response(404)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/simple"
-    server.shutdown()
+    with http_status_server(404) as port:
+        yield f"http://127.0.0.1:{port}/simple"
 
 
 def closed_port_url():
