@@ -144,7 +144,7 @@ generate: ## Write the files that repeat versions.json (compose, devcontainer, D
 lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, actionlint, schemas, wheels
 	python3 scripts/generate.py --check
 	$(if $(filter 0,$(CHECK_WHEELS)),@echo 'check_wheels: SKIPPED (CHECK_WHEELS=0): no row was checked for wheels on its Python',$(TEST_VENV)/bin/python scripts/check_wheels.py)
-	$(TEST_VENV)/bin/hadolint docker/Dockerfile tests/slurm-node/Dockerfile
+	$(TEST_VENV)/bin/hadolint docker/Dockerfile tests/slurm-node/Dockerfile examples/derived/Dockerfile
 	$(TEST_VENV)/bin/shellcheck -x $(shell git ls-files '*.sh' '*.sbatch' .ci/run docker/rootfs/usr/local/bin)
 	$(TEST_VENV)/bin/ruff check .
 	$(ACTIONLINT)
