@@ -70,7 +70,7 @@ help: ## Show this help
 	@awk 'BEGIN{FS="[?]= *|## "} /^[A-Z_]+ *[?]=.*## /{printf "  %-14s %s\n",$$1,$$3}' $(MAKEFILE_LIST)
 	@echo; echo "Current: REF=$(REF) BASE_IMAGE=$(BASE_IMAGE)"
 
-.PHONY: doctor stop logs
+.PHONY: doctor stop logs ssh
 doctor: ## Check this host (Docker, BuildKit, GPU, disk, base, ports): what is fine, what to fix
 	@python3 scripts/doctor.py doctor $(DOCTOR_OPTS)
 
@@ -83,12 +83,24 @@ build: ## Build the runtime image as $(REF)
 	  $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) $(MIRROR_SECRETS) $(BUILD_OPTS) \
 	  -t $(REF) .
 
-run: ## Start the container (builds first if needed): JupyterLab on 8888, SSH on 2222
+# scripts/ssh_key.py hands docker your public key (~/.ssh/*.pub or the ssh-agent's) as
+# -e PUBLIC_KEY unless .env or your environment sets one, and prints the ssh line to use (or how
+# to add a key): sshd starts only with a key, so without this "SSH on 2222" would be untrue.
+run: ## Start the container (builds first if needed): JupyterLab on 8888, SSH on 2222 with your key
 	@$(call preflight,run)
 	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
-	$(DOCKER) run --rm $(if $(shell [ -t 0 ] && echo y),-it) --name $(CONTAINER) $(GPU_FLAGS) \
+	python3 scripts/ssh_key.py run --port $(PORT_SSH) $(if $(wildcard .env),--env-file .env) -- \
+	  $(DOCKER) run --rm $(if $(shell [ -t 0 ] && echo y),-it) --name $(CONTAINER) $(GPU_FLAGS) \
 	  --shm-size=8g -p $(PORT_JUPYTER):8888 -p $(PORT_SSH):22 -v "$(CURDIR)":/workspace \
 	  $(if $(wildcard .env),--env-file .env) $(REF)
+
+# make run's container has new host keys each time, on this machine's own port: a known_hosts
+# entry would only turn every restart into a "HOST IDENTIFICATION HAS CHANGED" stop (Vagrant's
+# `vagrant ssh` does the same). For a remote host, use plain ssh and check the logged fingerprint.
+SSH_OPTS    ?= -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR## make ssh's ssh options
+SSH_ARGS    ?=## extra ssh flags for make ssh, e.g. -i ~/.ssh/other_key
+ssh: ## Log in to make run's container (PORT_SSH) and attach the team's tmux session "main"
+	ssh -p $(PORT_SSH) $(SSH_OPTS) $(SSH_ARGS) -t dev@localhost tmux new -A -s main
 
 stop: ## Stop and remove make run's container (CONTAINER); none running is fine
 	@c='$(CONTAINER)'; if $(DOCKER) container inspect "$$c" >/dev/null 2>&1; then \
@@ -132,7 +144,7 @@ generate: ## Write the files that repeat versions.json (compose, devcontainer, D
 lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, actionlint, schemas, wheels
 	python3 scripts/generate.py --check
 	$(if $(filter 0,$(CHECK_WHEELS)),@echo 'check_wheels: SKIPPED (CHECK_WHEELS=0): no row was checked for wheels on its Python',$(TEST_VENV)/bin/python scripts/check_wheels.py)
-	$(TEST_VENV)/bin/hadolint docker/Dockerfile tests/slurm-node/Dockerfile
+	$(TEST_VENV)/bin/hadolint docker/Dockerfile tests/slurm-node/Dockerfile examples/derived/Dockerfile
 	$(TEST_VENV)/bin/shellcheck -x $(shell git ls-files '*.sh' '*.sbatch' .ci/run docker/rootfs/usr/local/bin)
 	$(TEST_VENV)/bin/ruff check .
 	$(ACTIONLINT)

@@ -111,6 +111,25 @@ def test_pip_cannot_replace_torch(run_in_image, tmp_path, requirement):
     assert out.strip().splitlines()[-1].startswith(THIS["torch"]), out
 
 
+@pytest.mark.parametrize("requirement", ["torch==2.5.1", "needs-old-torch"])
+def test_uv_pip_cannot_replace_torch(run_in_image, tmp_path, requirement):
+    """Container should refuse `uv pip install` of anything that would replace torch, as pip does
+    (uv reads UV_CONSTRAINT, not pip.conf)."""
+    _wheel(tmp_path, "torch", "2.5.1")
+    _wheel(tmp_path, "needs-old-torch", "1.0", requires=["torch==2.5.1"])
+    os.chmod(tmp_path, 0o755)
+    uv = f"uv pip install --dry-run --offline --no-index --find-links /wheels {requirement}"
+    script = (f"{uv}; echo rc=$?; env -u UV_CONSTRAINT {uv} >/dev/null 2>&1; echo unconstrained_rc=$?;"
+              " python -c 'import torch; print(torch.__version__)'")
+    code, out = run_in_image(["bash", "-c", script], volumes={str(tmp_path): {"bind": "/wheels", "mode": "ro"}})
+    assert code == 0, out
+    # The control proves the fake wheel would install if the constraint were lifted.
+    assert "unconstrained_rc=0" in out, f"control install failed, the test proves nothing:\n{out}"
+    assert re.search(r"rc=[1-9]", out), f"uv accepted {requirement}:\n{out}"
+    assert "unsatisfiable" in out, f"no conflict message:\n{out}"
+    assert out.strip().splitlines()[-1].startswith(THIS["torch"]), out
+
+
 def test_user_can_pip_install_other_packages_into_the_venv(run_in_image, tmp_path):
     """Container should let dev pip-install packages that leave torch alone, into /opt/venv."""
     _wheel(tmp_path, "harmless-pkg", "1.0", requires=["torch>=2.0"])

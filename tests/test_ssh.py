@@ -261,13 +261,15 @@ def test_ssh_malformed_key_fails_loudly(run_in_image, env, named, never_logged):
 
 
 def test_ssh_off_without_key_and_jupyter_still_runs(start_container):
-    """Container should start no sshd without a key, say how to enable it, and still run Jupyter."""
+    """Container should start no sshd without a key, say how to enable it (also in the ready
+    line), and still run Jupyter."""
     c = start_container(ports={SSH_PORT: None})
-    wait_until(lambda: exec_in(c, "curl -fsS -o /dev/null http://127.0.0.1:8888/api")[0] == 0, 120,
-               f"JupyterLab should answer without an SSH key:\n{c.logs().decode()}")
-    logs = c.logs().decode()
+    logs = wait_for_log(c, READY, 120)
     info = [line for line in logs.splitlines() if line.startswith("INFO") and "SSH is off" in line]
     assert info and HOW_TO_ENABLE in info[0], f"one INFO line should say how to enable SSH:\n{logs}"
+    ready = next(line for line in logs.splitlines() if "==> READY" in line)
+    assert "SSH off: no public key" in ready and HOW_TO_ENABLE in ready, (
+        f"the ready line should say how to add a key:\n{ready}")
     assert not ssh_lines(logs), f"no key is a normal start: no SSH WARN/ERROR expected:\n{logs}"
     _, out = exec_in(c, ". /run/team/services.env; echo ${SSHD_ENABLED:-0}; pgrep -x sshd || echo no-sshd; ls /etc/ssh")
     assert out.split("\n")[:2] == ["0", "no-sshd"], f"sshd should be off and marked so: {out!r}"

@@ -135,7 +135,12 @@ fi
 ready_deadline=$((SECONDS + 300))
 while kill -0 "$jupyter_pid" 2>/dev/null && [ "$SECONDS" -lt "$ready_deadline" ]; do
   if curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$JUPYTER_PORT/api" 2>/dev/null; then
-    if [ -n "$sshd_pid" ]; then ssh_note="SSH on: ssh -p <host port of 22> $NB_USER@<host>"
+    if [ -n "$sshd_pid" ]; then
+      ssh_note="SSH on: ssh -p <host port of 22> -t $NB_USER@<host> tmux new -A -s main"
+    elif [ "$(id -u)" = 0 ] && [ ! -s "$(getent passwd "$NB_USER" | cut -d: -f6)/.ssh/authorized_keys" ]; then
+      # No key at all (not SSHD_ENABLED=0, not --user): the one case a user can fix by adding one.
+      # shellcheck disable=SC2016  # printed for the user to paste, not expanded here
+      ssh_note='SSH off: no public key; add one with -e PUBLIC_KEY="$(cat ~/.ssh/id_ed25519.pub)" -p 2222:22 (make run does it when ~/.ssh has one)'
     else ssh_note="SSH off"; fi
     log_info "==> READY  JupyterLab: $TEAM_JUPYTER_URL  |  $ssh_note"
     break
