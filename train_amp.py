@@ -2781,7 +2781,7 @@ class Trainer:
 
     def _resuming(self):
         """--resume, or --auto-resume with a last.pt there (rank 0 looks: all ranks follow)."""
-        if not self.args.auto_resume:
+        if self.args.resume or not self.args.auto_resume:
             return bool(self.args.resume)
         found = self.ranks.any_true(self.ranks.main and self.ckpt_path.exists())
         if not found:
@@ -3222,10 +3222,12 @@ def check_args(args, ranks):
     if args.resume == "auto" and not args.checkpoint_dir and not (args.benchmark
                                                                   or args.compare):
         raise UsageError("--resume without a path needs --checkpoint-dir")
-    if args.auto_resume and (args.resume or args.overwrite or not (
+    # A bare --resume beside it (a script that adds --auto-resume, a user who adds --resume)
+    # is the stricter of the two: last.pt must be there.
+    if args.auto_resume and (args.resume not in (None, "auto") or args.overwrite or not (
             args.checkpoint_dir or args.benchmark or args.compare)):
         raise UsageError("--auto-resume continues CHECKPOINT_DIR/last.pt or starts fresh: give"
-                         " it with --checkpoint-dir, and without --resume or --overwrite")
+                         " it with --checkpoint-dir, and without --resume PATH or --overwrite")
     device = pick_device(args, ranks)
     amp_dtype = resolve_amp(args.amp, device)  # --amp fp16 on CPU, bf16 on a GPU without it
     if device.type == "cpu" and (amp_dtype or args.compare and args.amp == "auto"):

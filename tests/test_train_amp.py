@@ -96,7 +96,7 @@ def test_help_documents_every_option(run_in_image):
     (["--compile"], {"CXX": "/nonexistent/g++"}, "install g++"),
     (["--cuda-graphs"], {}, "drop --cuda-graphs"),
     (["--decode-cpu-share", "1.5"], {}, "--decode-cpu-share 0.3"),
-    (["--auto-resume", "--resume"], {}, "without --resume or --overwrite"),
+    (["--auto-resume", "--resume", "other/last.pt"], {}, "without --resume PATH or --overwrite"),
 ], ids=["unknown-model", "missing-data-path", "batch-size-0", "fp16-on-cpu",
         "compile-without-compiler", "cuda-graphs-without-gpu", "cpu-share-above-1",
         "auto-resume-with-resume"])
