@@ -303,9 +303,10 @@ def test_two_node_job_trains_as_one_and_rank_0_alone_saves(slurm_cluster, run_in
     print(f"\nSlurm job vs one container: {json.dumps(figures)}")
 
 
-def test_killed_node_fails_the_job_and_resume_continues_from_its_checkpoint(slurm_cluster):
-    """A node killed mid-job should end the job in a failed state (not a hang) within a bounded
-    time; resubmitted with --resume, the job should continue from the last checkpoint."""
+def test_killed_node_requeues_the_job_and_it_continues_from_its_checkpoint(slurm_cluster):
+    """A node killed mid-job should requeue the job (slurm/train-srun.sbatch asks for --requeue)
+    within a bounded time, not leave it hanging; once the node is back, the same command line
+    (--auto-resume) should continue from the last checkpoint and finish."""
     cluster = slurm_cluster
     ck = "/shared/ck-resume"
     # 1024 images / 4 ranks / 32 = 8 steps per epoch, 2 epochs, a checkpoint every 2 steps.
@@ -322,24 +323,26 @@ def test_killed_node_fails_the_job_and_resume_continues_from_its_checkpoint(slur
     victim = cluster.nodes[1]
     victim.kill()
     killed = time.monotonic()
-    job = cluster.wait_job(job_id, timeout=NODE_FAIL_S)
+    while int(cluster.job(job_id).get("Restarts") or 0) < 1:
+        job = cluster.job(job_id)
+        if job.get("JobState") in TERMINAL or time.monotonic() - killed > NODE_FAIL_S:
+            pytest.fail(f"a job that lost a node should be requeued within {NODE_FAIL_S}s: {job}"
+                        f"\n{cluster.logs(job_id)}")
+        time.sleep(1)
     took = time.monotonic() - killed
-    out = cluster.output(job_id)
-    assert job["JobState"] in ("NODE_FAIL", "FAILED"), (
-        f"a job that lost a node should fail, not {job['JobState']}: {job}\n{cluster.logs(job_id)}")
-    assert "epoch 2/2:" not in out, f"the job should not have finished:\n{out}"
-    print(f"\njob {job_id}: {job['JobState']} (Reason={job.get('Reason')},"
-          f" ExitCode={job.get('ExitCode')}) {took:.0f}s after {victim.name} was killed")
+    job = cluster.job(job_id)
+    print(f"\njob {job_id}: requeued {took:.0f}s after {victim.name} was killed"
+          f" ({job.get('JobState')}, Reason={job.get('Reason')})")
+    # Pending: the job needs both nodes, so nothing writes the checkpoint until the node is back.
     saved = checkpoint_of(cluster, f"{ck}/last.pt")
     assert saved and 0 < saved["global_step"] < 16, f"a mid-job checkpoint should be left: {saved}"
 
-    # The node comes back (a reboot): slurmd registers and Slurm returns it to service.
+    # The node comes back (a reboot): slurmd registers, Slurm returns it to service and starts
+    # the requeued job, which runs the same batch script again.
     victim.start()
-    cluster.wait_idle()
-    again = cluster.sbatch(*SBATCH, "/shared/slurm/train-srun.sbatch", *args, "--resume")
-    job = cluster.wait_job(again)
-    out = cluster.output(again)
-    assert job["JobState"] == "COMPLETED", f"the resumed job should complete: {job}\n{cluster.logs(again)}"
+    job = cluster.wait_job(job_id)
+    out = cluster.output(job_id)
+    assert job["JobState"] == "COMPLETED", f"the requeued job should complete: {job}\n{cluster.logs(job_id)}"
     resumed = re.search(r"resumed from \S+: epoch \d+ step \d+/8 \(global step (\d+)/16\)", out)
     assert resumed and int(resumed.group(1)) == saved["global_step"], (
         f"the job should resume at global step {saved['global_step']}:\n{out}")
