@@ -322,8 +322,8 @@ def build_parser():
                         " is never lost by accident)")
     g.add_argument("--save-every", type=non_negative_int, default=0,
                    help="also save every N steps (default: 0 = epoch ends and SIGTERM only)")
-    g.add_argument("--save-every-minutes", type=finite_float(0, False, "10"), default=0,
-                   metavar="M",
+    g.add_argument("--save-every-minutes", type=finite_float(0, False, "--save-every-minutes 10"),
+                   default=0, metavar="M",
                    help="also save when M minutes passed since the last save: bounds what a"
                         " kill without warning (SIGKILL, a lost node) loses (default: 0 = off)")
     g.add_argument("--resume", nargs="?", const="auto", default=None, metavar="PATH",
