@@ -29,7 +29,7 @@ SMOKE_ARGS  ?=## arguments for make smoke's smoke suite, e.g. --require-gpu or -
 # Read from the environment by scripts/make-standin-base.sh (a variable given to make reaches it too).
 MIRROR      ?=## Debian mirror for make base-standin (empty: http://deb.debian.org/debian)
 
-# Mirrors for the build only (README: Building behind a mirror). make build hands them to the
+# Mirrors for the build only (docs/building.md: Building behind a mirror). make build hands them to the
 # build as BuildKit secrets, not build args: build args are written into the image history, and
 # an index URL may hold user:password. Also read from the environment (pip's own variable names).
 PIP_INDEX_URL ?=## pip index for the build, e.g. https://pypi.tuna.tsinghua.edu.cn/simple
