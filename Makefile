@@ -1,11 +1,12 @@
-# The front door: `make help` lists every target. CI (.ci/run) calls these same targets.
+# The front door: `make help` lists every target (everyday ones first) and every variable with a
+# `## ` comment. CI (.ci/run) calls these same targets.
 , := ,
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 # Versions come from versions.json (one matrix row); the tag, git revision and build args from
 # scripts/build_info.py, the one place that computes them. Nothing is copied by hand.
-ROW ?=
+ROW ?=## versions.json row to build, e.g. 2.15.0-cuda13.2; empty = its default row
 ROW_ARG      = $(if $(ROW),--row $(ROW))
 $(foreach v,$(shell python3 scripts/build_info.py make-vars $(ROW_ARG) $(if $(PYTHON_VERSION),--python $(PYTHON_VERSION))),$(eval $(v)))
 
@@ -24,8 +25,11 @@ CHECK_WHEELS ?= 1## 0: make lint skips the wheel check (scripts/check_wheels.py 
 LOGS_ARGS   ?=## docker logs flags for make logs, e.g. -f (follow) or --tail 50
 PYTEST_ARGS ?=## extra pytest flags, e.g. -x -k ssh
 TESTS       ?= tests/## test paths for make test
+SMOKE_ARGS  ?=## arguments for make smoke's smoke suite, e.g. --require-gpu or --require-gpus 2
+# Read from the environment by scripts/make-standin-base.sh (a variable given to make reaches it too).
+MIRROR      ?=## Debian mirror for make base-standin (empty: http://deb.debian.org/debian)
 
-# Mirrors for the build only (README: Building behind a mirror). make build hands them to the
+# Mirrors for the build only (docs/building.md: Building behind a mirror). make build hands them to the
 # build as BuildKit secrets, not build args: build args are written into the image history, and
 # an index URL may hold user:password. Also read from the environment (pip's own variable names).
 PIP_INDEX_URL ?=## pip index for the build, e.g. https://pypi.tuna.tsinghua.edu.cn/simple
@@ -48,7 +52,7 @@ STANDIN_IMAGE := $(shell python3 scripts/versions.py standin image)
 BASE_CUDA   ?= $(if $(filter $(STANDIN_IMAGE),$(BASE_IMAGE)),$(shell python3 scripts/versions.py get cuda_full),$(V_CUDA))## CUDA_VERSION the build expects of the base (the stand-in: the default row's, for every row)
 
 REF         := $(if $(REGISTRY),$(REGISTRY)/)$(IMAGE):$(TAG)
-DOCKER      ?= /usr/bin/docker
+DOCKER      ?= /usr/bin/docker## the Docker client (Debian's 20.10 does BuildKit without buildx)
 # The Debian 20.10 client does BuildKit without buildx; a newer client needs buildx.
 export DOCKER_BUILDKIT := 1
 GIT_SHA     := $(V_GIT_SHA)
@@ -63,18 +67,21 @@ preflight   = $(if $(filter 0,$(PREFLIGHT)),,python3 scripts/doctor.py preflight
 
 .PHONY: help build run shell test smoke lint clean base-standin mirror-base test-deps bench generate
 
-help: ## Show this help
+# make help lists these first, then every other target with a `## ` comment as a maintainer's.
+HELP_EVERYDAY := help doctor build run ssh logs stop shell smoke clean
+help: ## Show this help: targets (everyday first), variables, the current image reference
 	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; else on='' off=''; fi; \
-	awk -v on="$$on" -v off="$$off" 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %s%-14s%s %s\n",on,$$1,off,$$2}' $(MAKEFILE_LIST)
+	awk -v on="$$on" -v off="$$off" -v everyday='$(HELP_EVERYDAY)' 'BEGIN { FS = ":.*## "; n = split(everyday, e, " "); for (i = 1; i <= n; i++) ev[e[i]] = 1 } \
+	  /^[a-zA-Z_-]+:.*## / { line = sprintf("  %s%-14s%s %s\n", on, $$1, off, $$2); if ($$1 in ev) a = a line; else b = b line } \
+	  END { printf "Everyday targets:\n%s\nMaintainer targets (tests, lint, benchmarks, base, publishing):\n%s", a, b }' $(MAKEFILE_LIST)
 	@echo; echo "Variables (override as VAR=value):"
-	@awk 'BEGIN{FS="[?]= *|## "} /^[A-Z_]+ *[?]=.*## /{printf "  %-14s %s\n",$$1,$$3}' $(MAKEFILE_LIST)
-	@echo; echo "Current: REF=$(REF) BASE_IMAGE=$(BASE_IMAGE)"
-
+	@awk 'BEGIN{FS="[?]= *|## "} /^[A-Z_]+ *[?]=.*## /{printf "  %-20s %s\n",$$1,$$3}' $(MAKEFILE_LIST)
+	@echo; echo "Current: REF=$(REF) REGISTRY=$(or $(REGISTRY),(none: local only)) BASE_IMAGE=$(BASE_IMAGE)"
 .PHONY: doctor stop logs ssh
 doctor: ## Check this host (Docker, BuildKit, GPU, disk, base, ports): what is fine, what to fix
 	@python3 scripts/doctor.py doctor $(DOCTOR_OPTS)
 
-build: ## Build the runtime image as $(REF)
+build: ## Build the runtime image as REF (IMAGE:TAG, with REGISTRY/ in front when set)
 	@$(call preflight,build)
 	$(DOCKER) build -f docker/Dockerfile --target runtime \
 	  $(shell python3 scripts/build_info.py build-args --docker $(ROW_ARG) $(BUILD_INFO_OPTS)) \
@@ -130,7 +137,7 @@ $(TEST_VENV)/.done: tests/requirements.txt docker/build/requirements.txt Makefil
 
 test-deps: $(TEST_VENV)/.done ## Make the host-side test virtualenv (.venv-test)
 
-test: build test-deps ## Build, then run the host-side test suite (tests/) against $(REF)
+test: build test-deps ## Build, then run the host-side test suite (tests/) against REF
 	IMAGE_REF=$(REF) ROW=$(ROW) BASE_IMAGE=$(BASE_IMAGE) PYTHON_VERSION=$(PYTHON_VERSION) CA_BUNDLE=$(CA_BUNDLE) \
 	  $(TEST_VENV)/bin/pytest $(TESTS) $(PYTEST_ARGS)
 
@@ -161,7 +168,7 @@ base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped h
 # An upstream tag can disappear (NVIDIA removes end-of-life CUDA tags): keep a copy by digest.
 BASE_UPSTREAM ?= $(V_BASE_IMAGE)## the base make mirror-base copies (repository:tag)
 BASE_DIGEST ?= $(V_BASE_IMAGE_DIGEST)## the digest it must have (versions.json base_image_digest)
-mirror-base: ## Copy the pinned base, by digest, into $(REGISTRY) (pull, tag, push, verify)
+mirror-base: ## Copy the pinned base, by digest, into REGISTRY (pull, tag, push, verify)
 	DOCKER=$(DOCKER) scripts/mirror-base.sh "$(REGISTRY)" "$(BASE_UPSTREAM)" "$(BASE_DIGEST)"
 
 clean: ## Remove this tag and the test virtualenv
@@ -181,11 +188,11 @@ PUBLISH_DIR ?= artifacts/publish## where make push/manifest write the publish re
 tags: ## Print the tags make push publishes: descriptive, sha-<sha>, then the moving ones
 	@printf '%s\n' $(TAG) "$$(python3 scripts/build_info.py sha-tag $(ROW_ARG) --sha $(GIT_SHA))" $(MOVING_TAGS)
 
-push: ## Push $(REF) to $(REGISTRY) under every tag, pull back by digest, verify (FORCE=1)
+push: ## Push REF to REGISTRY under every tag, pull back by digest, verify (FORCE=1)
 	DOCKER=$(DOCKER) python3 scripts/push.py push --repository $(REGISTRY)/$(IMAGE) --tag $(TAG) \
 	  --moving "$(MOVING_TAGS)" --image $(REF) --image $(IMAGE):$(TAG) \
 	  --worktree $(PUSH_WORKTREE) --record $(PUBLISH_DIR) $(if $(filter 1,$(FORCE)),--force) \
 	  $(if $(FLAVOUR),--flavour $(FLAVOUR))
 
-manifest: ## Write $(REF)'s package manifest (versions, pip, dpkg, labels, digest) to PUBLISH_DIR
+manifest: ## Write REF's package manifest (versions, pip, dpkg, labels, digest) to PUBLISH_DIR
 	DOCKER=$(DOCKER) python3 scripts/manifest.py --image $(REF) --out $(PUBLISH_DIR) --tag $(TAG)

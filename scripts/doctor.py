@@ -51,7 +51,7 @@ BUILDX_FROM_MAJOR = 23
 # plus what stays in the build cache and is not part of the image (`docker system df -v`): the
 # builder stage's venv layer 6.11 GB, its apt layer 0.47 GB and the pip/apt cache mounts 0.27 GB;
 # 13.6 GB in all after the build. While pip installs, its ~3 GB of downloaded wheels sit next to
-# the unpacked venv (README: Measured figures), so the peak is about 17 GB.
+# the unpacked venv (benchmarks/results/startup_2core_2026-12-02.md), so the peak is about 17 GB.
 BUILD_DISK_BYTES = 17 * 10**9
 # NCCL's InfiniBand transport pins (ibv_reg_mr) host buffers for every peer and channel; NVIDIA's
 # and Mellanox's guides ask for an unlimited memlock. A limit this large behaves the same.
@@ -406,7 +406,7 @@ def standin_fix(h, target):
     if h.image_present(s["image"]):
         fix.append(f"the Debian stand-in {s['image']} is already here; use it as the base:")
     else:
-        fix.append("make the Debian stand-in base (README: Air-gapped hosts; needs root and "
+        fix.append("make the Debian stand-in base (docs/building.md: Air-gapped hosts; needs root and "
                    "debootstrap, ~30 s), then build on it:")
         fix.append("  make base-standin")
     fix.append(f"  make {target} BASE_IMAGE={s['image']} PYTHON_VERSION={s['python']}")

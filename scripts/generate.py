@@ -50,7 +50,7 @@ resumable multi-GPU AMP trainer with an FP32-vs-AMP comparison report.
     ("README.md", "inside"): ("<!--", """\
 | | |
 |---|---|
-| Base | `{{ base_image }}`, pinned by digest (the `BASE_IMAGE` build arg; versions.json; see [The base](#the-base-what-the-image-keeps-and-removes)) |
+| Base | `{{ base_image }}`, pinned by digest (the `BASE_IMAGE` build arg; versions.json; see [The base](docs/building.md#the-base-what-the-image-keeps-and-removes)) |
 | Python | {{ python }} (the base's), virtual environment `/opt/venv`, first on `PATH` |
 | PyTorch | torch {{ torch }}, torchvision {{ torchvision }}, torchaudio {{ torchaudio }} (PyPI's CUDA {{ cuda }} build) |
 | CUDA libraries | cuDNN {{ cudnn }}, NCCL {{ nccl }}, cuBLAS etc.: **one copy each**, from PyTorch's wheels |
@@ -58,7 +58,7 @@ resumable multi-GPU AMP trainer with an FP32-vs-AMP comparison report.
 | Services | JupyterLab 4 (port 8888), OpenSSH server (port 22) with tmux; tini as PID 1 |
 | Tools | gcc/g++ and Python headers (so `torch.compile` works), git, curl, nano, less |
 | Extras | pytest, tqdm, matplotlib, scikit-learn, tensorboard, ipywidgets |
-| Notebook extras | GPU dashboards (jupyterlab-nvdashboard), kernel CPU/memory in the status bar (jupyter-resource-usage), TensorBoard inside JupyterLab (jupyter-server-proxy), `gpustat`/`nvitop`, `jupyterhub-singleuser`: [Notebook extras](#notebook-extras) |
+| Notebook extras | GPU dashboards (jupyterlab-nvdashboard), kernel CPU/memory in the status bar (jupyter-resource-usage), TensorBoard inside JupyterLab (jupyter-server-proxy), `gpustat`/`nvitop`, `jupyterhub-singleuser`: [Notebook extras](docs/container.md#notebook-extras) |
 | Ships | `/opt/team/smoke_tests` (`smoke`), `train_amp.py` on `PATH`, `/usr/share/team-image/` manifest |
 """),
 }

@@ -24,7 +24,7 @@ source=${2-$(python3 "$here/versions.py" get base_image)}
 digest=${3-$(python3 "$here/versions.py" get base_image_digest)}
 [ -n "$registry" ] || die "no registry: set REGISTRY, e.g. make mirror-base REGISTRY=ghcr.io/acme"
 [[ $digest =~ ^sha256:[0-9a-f]{64}$ ]] \
-  || die "no valid digest for $source (${digest:-empty}): set base_image_digest in versions.json (README: Pinning the base)"
+  || die "no valid digest for $source (${digest:-empty}): set base_image_digest in versions.json (docs/building.md: Pinning the base)"
 
 # repository:tag, where the repository may start with host:port.
 last=${source##*/}

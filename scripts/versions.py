@@ -49,7 +49,7 @@ def require_digest(r):
     digest = r.get("base_image_digest", "")
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
         sys.exit(f"versions.py: row {r['name']!r} has no valid base_image_digest ({digest!r}): "
-                 f"pin {r['base_image']} by digest in versions.json first (README: Pinning the base)")
+                 f"pin {r['base_image']} by digest in versions.json first (docs/building.md: Pinning the base)")
 
 
 def option(args, flag):

@@ -73,7 +73,7 @@ c.JupyterHub.spawner_class = "docker"
 c.DockerSpawner.image = cfg["image"]
 # DockerSpawner's default command is the image's CMD, and this image has none (without a command
 # the entrypoint starts its own token-authenticated JupyterLab): name the single-user server, as
-# KubeSpawner and Zero to JupyterHub do by default (README: JupyterHub).
+# KubeSpawner and Zero to JupyterHub do by default (docs/container.md: JupyterHub).
 c.DockerSpawner.cmd = ["jupyterhub-singleuser"]
 c.DockerSpawner.network_name = cfg["network"]
 c.DockerSpawner.name_template = cfg["prefix"] + "-{username}"

@@ -1,4 +1,4 @@
-"""The notebook extras (README: Notebook extras): GPU dashboards (jupyterlab-nvdashboard) that say
+"""The notebook extras (docs/container.md: Notebook extras): GPU dashboards (jupyterlab-nvdashboard) that say
 "no GPU" on a CPU host, the kernel's CPU/memory in the status bar (jupyter-resource-usage),
 TensorBoard served through Jupyter only (jupyter-server-proxy) with a launcher entry, and the GPU
 on the command line (gpustat, nvitop) and in tmux's status line. Browser tests keep screenshots in

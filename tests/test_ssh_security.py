@@ -6,7 +6,7 @@ import secrets
 
 from test_ssh import exec_in, key, start_with_ssh  # noqa: F401 - key is a fixture
 
-# sshd -T's effective settings: what a client may forward (README: SSH and tmux).
+# sshd -T's effective settings: what a client may forward (docs/container.md: SSH and tmux).
 FORWARDING = {
     "allowtcpforwarding": "yes",           # VS Code Remote-SSH, ssh -L / -D
     "gatewayports": "no",                  # -R ports listen on the container's loopback only

@@ -1,5 +1,5 @@
-# The notebook extras' server settings (README: Notebook extras), in a file of their own beside
-# the auth config the entrypoint writes (40-jupyter.sh). Named jupyter_config, not
+# The notebook extras' server settings (docs/container.md: Notebook extras), in a file of their own
+# beside the auth settings (/etc/jupyter/jupyter_server_config.py, which reads what 40-jupyter.sh writes). Named jupyter_config, not
 # jupyter_server_config: `jupyter lab --config=FILE` (how the entrypoint starts it) reads FILE
 # *instead of* every jupyter_server_config on the config path, but jupyter_config from every
 # config directory always. So every Jupyter server in the image gets these: the one the

@@ -41,7 +41,7 @@ def _held_back(args):
         return []
     if not any(a == "--upgrade" or (a[:2] != "--" and a[:1] == "-" and "U" in a) for a in args):
         return []
-    # The guard is off for this command (README: PIP_CONFIG_FILE=/dev/null) or replaced.
+    # The guard is off for this command (README, "The tag tells the truth": PIP_CONFIG_FILE=/dev/null) or replaced.
     if os.environ.get("PIP_CONFIG_FILE") or os.environ.get("PIP_CONSTRAINT"):
         return []
     pins = {}
