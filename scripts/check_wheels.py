@@ -2,6 +2,10 @@
 """Ask pip's resolver, for every versions.json row and every platform the row publishes, whether
 the row's torch/torchvision/torchaudio pins and all their dependencies install from wheels on the
 row's Python (the base's python3): the question a build answers only after pulling the base.
+pip runs as on each platform's CPU (pip_for_machine.py): `--platform` alone picks the wheels'
+tags but leaves their environment markers answering for this host, and torch 2.6.0's aarch64
+wheel, CPU-only, needs its CUDA libraries only `platform_machine == "x86_64"`. A resolution
+without CUDA libraries fails the row ("not a CUDA build there").
 
 It reads metadata only: PEP 658 files where the index has them (PyPI), HTTP range requests into
 each wheel where it has not (pip's fast-deps): a few MB per row, not the ~3 GB of wheels a plain
@@ -34,6 +38,7 @@ import urllib.request
 import versions
 
 PYPI = "https://pypi.org/simple"
+PIP_FOR_MACHINE = pathlib.Path(__file__).resolve().parent / "pip_for_machine.py"
 # Docker's platform names (versions.json `platforms`) -> the machine name in wheel tags.
 WHEEL_ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 # PEP 600 tags older than manylinux_2_x; manylinux2010/manylinux1 exist for x86 only.
@@ -102,10 +107,13 @@ def targets(row, standin):
 
 
 def pip_command(row, platform, python, glibc, index_urls, target, report):
-    """CHECK_WHEELS_PIP (a command line) replaces `python -m pip`: the tests' fake pip."""
-    pip = shlex.split(os.environ.get("CHECK_WHEELS_PIP", "")) or [sys.executable, "-m", "pip"]
+    """pip run as on the platform's CPU (pip_for_machine.py: its environment markers then answer
+    for that machine, not this one), asked for the row's pins on that Python and glibc.
+    CHECK_WHEELS_PIP (a command line) replaces the runner, which gets the machine and then pip's
+    arguments: the tests' fake pip."""
+    runner = shlex.split(os.environ.get("CHECK_WHEELS_PIP", "")) or [sys.executable, str(PIP_FOR_MACHINE)]
     arch = WHEEL_ARCH[platform]
-    cmd = [*pip, "install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
+    cmd = [*runner, arch, "install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
            "--use-feature=fast-deps", "--no-cache-dir", "--retries", "1", "--timeout", "30",
            "--python-version", python, "--implementation", "cp",
            "--target", str(target), "--report", str(report), "--index-url", index_urls[0]]
@@ -220,8 +228,8 @@ def main(argv):
         return 2
     if failed:
         print(f"check_wheels: {len(failed)} row/platform check(s) cannot be installed: {'; '.join(failed)}. "
-              "Fix: pins that have wheels for the row's Python, or a base whose python3 has them "
-              "(versions.json)", file=sys.stderr)
+              "Fix: pins that have CUDA wheels for the row's Python and platform, a base whose python3 has "
+              "them, or fewer platforms (versions.json)", file=sys.stderr)
         return 1
     return 0
 

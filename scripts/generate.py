@@ -66,10 +66,10 @@ resumable multi-GPU AMP trainer with an FP32-vs-AMP comparison report.
 # Tables with one line per versions.json row: (file, block name) -> (leader, header, line).
 ROW_BLOCKS = {
     ("README.md", "flavours"): ("<!--", """\
-| Row | torch / torchvision / torchaudio | CUDA (PyPI's default build), cuDNN, NCCL | Base | Driver floor | GPUs | Tags |
-|---|---|---|---|---|---|---|
+| Row | torch / torchvision / torchaudio | CUDA (PyPI's default build), cuDNN, NCCL | Base | Platforms | Driver floor | GPUs | Tags |
+|---|---|---|---|---|---|---|---|
 """, """\
-| `{{ name }}`{{ label }} | {{ torch }} / {{ torchvision }} / {{ torchaudio }} | {{ cuda }}, {{ cudnn }}, {{ nccl }} | `{{ base_image }}` | {{ min_driver }}{{ min_driver_note }} | {{ gpus }} | {{ tags }} |
+| `{{ name }}`{{ label }} | {{ torch }} / {{ torchvision }} / {{ torchaudio }} | {{ cuda }}, {{ cudnn }}, {{ nccl }} | `{{ base_image }}` | {{ platforms }} | {{ min_driver }}{{ min_driver_note }} | {{ gpus }} | {{ tags }} |
 """),
 }
 
@@ -80,7 +80,8 @@ def values(r):
     out.update(tag=build_info.tag(r), torch_minor=".".join(r["torch"].split(".")[:2]),
                base_image_ref=versions.base_image(r),
                nvidia_require_cuda=versions.nvidia_require_cuda(r),
-               tags=", ".join(f"`{t}`" for t in [build_info.tag(r)] + r.get("moving_tags", [])))
+               tags=", ".join(f"`{t}`" for t in [build_info.tag(r)] + r.get("moving_tags", [])),
+               platforms=", ".join(f"`{p}`" for p in r["platforms"]))
     out.setdefault("label", " (default)" if r["name"] == versions.DATA["default"] else "")
     out.setdefault("min_driver_note", "")
     return out

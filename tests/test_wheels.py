@@ -7,13 +7,16 @@ import os
 import socket
 import subprocess
 import sys
+import zipfile
 
 import check_wheels  # scripts/check_wheels.py (conftest puts scripts/ on sys.path)
 import pytest
 from conftest import ROOT, http_status_server
 
-REPORT = ROOT / "tests" / "data" / "pip-report-torch-2.15.0-cp312-x86_64.json"
+DATA = ROOT / "tests" / "data"
+REPORT = DATA / "pip-report-torch-2.15.0-cp312-x86_64.json"
 BLACKWELL = "2.15.0-cuda13.2"
+DEFAULT = "2.6.0-cuda12.4"
 
 # Answers as pip gave them (pip 26.3, 2026-12-05): torch 2.15.0 asked for on Python 3.10, and
 # an index that stopped answering after the script's probe.
@@ -27,15 +30,16 @@ ERROR: No matching distribution found for torch==2.15.0
 
 FAKE_PIP = r"""
 import json, os, pathlib, sys
-args = sys.argv[1:]
+machine, args = sys.argv[1], sys.argv[2:]
 log = pathlib.Path(os.environ["FAKE_PIP_LOG"])
 with log.open("a") as f:
-    f.write(json.dumps({"argv": args, "config": os.environ.get("PIP_CONFIG_FILE"),
+    f.write(json.dumps({"machine": machine, "argv": args, "config": os.environ.get("PIP_CONFIG_FILE"),
                         "constraint": os.environ.get("PIP_CONSTRAINT")}) + "\n")
 mode = os.environ["FAKE_PIP_MODE"]
 if mode == "ok":
     report = args[args.index("--report") + 1]
-    pathlib.Path(report).write_text(pathlib.Path(os.environ["FAKE_PIP_REPORT"]).read_text())
+    recorded = os.environ.get("FAKE_PIP_REPORT_" + machine) or os.environ["FAKE_PIP_REPORT"]
+    pathlib.Path(report).write_text(pathlib.Path(recorded).read_text())
     print("Would install torch-2.15.0 ...")
     sys.exit(0)
 sys.stderr.write(os.environ["FAKE_PIP_OUTPUT"])
@@ -57,8 +61,20 @@ def closed_port_url():
     return f"http://127.0.0.1:{port}/simple"  # nothing listens there now
 
 
-def run_check(tmp_path, index_url, mode="ok", report=None, output="", extra_env=None):
-    """check_wheels.py --row BLACKWELL with the fake pip; returns (result, the fake pip's calls)."""
+def run_check(tmp_path, index_url, mode="ok", report=None, output="", extra_env=None, row=BLACKWELL,
+              platforms=None):
+    """check_wheels.py --row ROW with the fake pip; returns (result, the fake pip's calls).
+    platforms: the row declares these instead (a copy of scripts/ and versions.json in tmp_path)."""
+    script = ROOT / "scripts" / "check_wheels.py"
+    if platforms:
+        data = json.loads((ROOT / "versions.json").read_text())
+        for r in data["matrix"]:
+            r["platforms"] = platforms if r["name"] == row else r["platforms"]
+        (tmp_path / "versions.json").write_text(json.dumps(data))
+        (tmp_path / "scripts").mkdir()
+        for name in ("check_wheels.py", "versions.py", "pip_for_machine.py"):
+            (tmp_path / "scripts" / name).write_text((ROOT / "scripts" / name).read_text())
+        script = tmp_path / "scripts" / "check_wheels.py"
     fake = tmp_path / "fake_pip.py"
     fake.write_text(FAKE_PIP)
     log = tmp_path / "pip-calls.jsonl"
@@ -66,7 +82,7 @@ def run_check(tmp_path, index_url, mode="ok", report=None, output="", extra_env=
     env.update(PIP_INDEX_URL=index_url, CHECK_WHEELS_PIP=f"{sys.executable} {fake}",
                FAKE_PIP_LOG=str(log), FAKE_PIP_MODE=mode, FAKE_PIP_REPORT=str(report or REPORT),
                FAKE_PIP_OUTPUT=output, **(extra_env or {}))
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_wheels.py"), "--row", BLACKWELL],
+    result = subprocess.run([sys.executable, str(script), "--row", row],
                             capture_output=True, text=True, env=env, timeout=120, check=False)
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return result, calls
@@ -115,6 +131,9 @@ def test_a_row_whose_pins_resolve_passes_on_its_base_and_the_stand_in(tmp_path, 
     platforms = [base[i + 1] for i, a in enumerate(base) if a == "--platform"]
     assert platforms[0] == "manylinux_2_39_x86_64" and "manylinux_2_27_x86_64" in platforms, platforms
     assert all(c["config"] == os.devnull and c["constraint"] is None for c in calls), calls
+    for c in calls:
+        tags = {c["argv"][i + 1] for i, a in enumerate(c["argv"]) if a == "--platform"}
+        assert all(t.endswith("_" + c["machine"]) for t in tags), f"pip run as on {c['machine']} for {tags}"
 
 
 def test_a_row_without_wheels_for_its_python_fails_with_pips_reason(tmp_path, index):
@@ -168,3 +187,57 @@ def test_an_index_lost_midway_is_unreachable_not_a_missing_wheel(tmp_path, index
     assert result.returncode == 2, result.stdout + result.stderr
     assert "UNREACHABLE" in result.stderr and "NewConnectionError" in result.stderr, result.stderr
     assert "FAIL" not in result.stdout, result.stdout
+
+
+def test_an_arm64_row_is_asked_for_as_on_aarch64_and_passes_with_cuda_wheels(tmp_path, index):
+    """A row that publishes linux/arm64 should be checked on each platform, pip run as on that CPU
+    with that CPU's manylinux tags, and pass when aarch64's resolution has the row's CUDA wheels."""
+    result, calls = run_check(tmp_path, index, platforms=["linux/amd64", "linux/arm64"], extra_env={
+        "FAKE_PIP_REPORT_aarch64": str(DATA / "pip-report-torch-2.15.0-cp312-aarch64.json")})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"OK {BLACKWELL} linux/arm64 on its base (Python 3.12, glibc 2.39)" in result.stdout, result.stdout
+    arm = [c for c in calls if c["machine"] == "aarch64"]
+    assert len(arm) == 2 and len(calls) == 4, f"not one call per platform and Python: {calls}"
+    tags = {c["argv"][i + 1] for c in arm for i, a in enumerate(c["argv"]) if a == "--platform"}
+    assert "manylinux_2_28_aarch64" in tags and not [t for t in tags if "x86_64" in t], tags
+
+
+def test_a_row_declaring_arm64_with_torch_2_6_fails_as_cpu_only(tmp_path, index):
+    """torch 2.6.0's aarch64 wheels on PyPI are CPU-only (their nvidia-* requirements hold only on
+    x86_64): a row that declared linux/arm64 with them should fail, naming the platform, not pass."""
+    result, calls = run_check(tmp_path, index, row=DEFAULT, platforms=["linux/arm64"],
+                              report=DATA / "pip-report-torch-2.6.0-cp310-aarch64.json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert calls and {c["machine"] for c in calls} == {"aarch64"}, calls
+    assert f"FAIL {DEFAULT} linux/arm64 on its base (Python 3.10" in result.stdout, result.stdout
+    assert "torch 2.6.0 for linux/arm64 is not a CUDA build there" in result.stdout, result.stdout
+
+
+def wheel(folder, name, requires=()):
+    """A minimal wheel: metadata only, which is all a --dry-run reads."""
+    dist = f"{name}-1.0.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    files = {f"{dist}/METADATA": meta, f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{f},,\n" for f in files) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+
+
+@pytest.mark.parametrize("machine, pulled", [("aarch64", False), ("x86_64", True)])
+def test_pip_for_machine_evaluates_markers_for_the_target_cpu(tmp_path, machine, pulled):
+    """pip_for_machine.py should make environment markers answer for the machine it is given
+    (pip's --platform does not: pypa/pip#10050): a requirement marked `platform_machine ==
+    "x86_64"` is pulled in as on x86_64 only, whatever this host is. Real pip, local wheels."""
+    wheel(tmp_path, "fakecore", ['fakecuda==1.0; platform_machine == "x86_64"'])
+    wheel(tmp_path, "fakecuda")
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "pip_for_machine.py"), machine, "install", "--dry-run",
+         "--ignore-installed", "--no-index", "--find-links", str(tmp_path), "--target", str(tmp_path / "t"),
+         "--report", str(report), "fakecore"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull})
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = sorted(i["metadata"]["name"] for i in json.loads(report.read_text())["install"])
+    assert ("fakecuda" in names) == pulled, f"as on {machine}, pip would install {names}"
