@@ -8,6 +8,8 @@ Usage: versions.py get KEY [--row NAME]      print one field of a matrix row (de
        versions.py standin KEY                print one field of the stand-in base section
        versions.py rows                       print the row names, one per line (.ci/run)
        versions.py matrix                     print the row names as compact JSON (CI matrix)
+       versions.py builds                     print one CI matrix entry per row and platform
+                                              (row, platform, arch, the native runner), JSON
        versions.py base-image [--row NAME] [--require-digest]
                                               print the base a build uses, base_image@digest
                                               (--require-digest: fail when the digest is
@@ -17,6 +19,10 @@ import json
 import pathlib
 import re
 import sys
+
+# GitHub-hosted runners of each platform's own CPU: the release workflow builds natively, as
+# emulating arm64 on an x86 runner (QEMU) makes the build many times slower.
+RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
 
 DATA = json.loads((pathlib.Path(__file__).resolve().parent.parent / "versions.json").read_text())
 
@@ -75,6 +81,10 @@ def main(argv):
         print("\n".join(r["name"] for r in DATA["matrix"]))
     elif cmd == "matrix":
         print(json.dumps({"row": [r["name"] for r in DATA["matrix"]]}, separators=(",", ":")))
+    elif cmd == "builds":
+        include = [{"row": r["name"], "platform": p, "arch": p.split("/", 1)[1], "runner": RUNNERS[p]}
+                   for r in DATA["matrix"] for p in r["platforms"]]
+        print(json.dumps({"include": include}, separators=(",", ":")))
     elif cmd == "base-image":
         if "--require-digest" in args:
             require_digest(row(name))
