@@ -439,7 +439,7 @@ def test_release_workflow_signs_scans_attests_and_rebuilds_weekly():
     """release.yml should push with SBOM/provenance, scan, sign and verify, and run weekly."""
     wf = load_workflow(ROOT / ".github" / "workflows" / "release.yml")
     assert "schedule" in wf["on"] and "tags" in wf["on"]["push"], f"triggers: {wf['on']}"
-    steps = wf["jobs"]["publish"]["steps"]
+    steps = wf["jobs"]["build"]["steps"]
     build = next(s for s in steps if "build-push-action" in s.get("uses", ""))
     assert build["with"]["sbom"] is True and "mode=max" in build["with"]["provenance"], \
         f"no SBOM/provenance: {build['with']}"
@@ -447,7 +447,7 @@ def test_release_workflow_signs_scans_attests_and_rebuilds_weekly():
     scan = next(s for s in steps if "scan-action" in s.get("uses", ""))
     assert scan["with"]["fail-build"] is True and scan["with"]["only-fixed"] is True \
         and scan["with"]["severity-cutoff"] == "critical", f"scan does not gate: {scan['with']}"
-    runs = "\n".join(s.get("run", "") for s in steps)
+    runs = "\n".join(s.get("run", "") for s in wf["jobs"]["publish"]["steps"])
     assert "cosign sign" in runs and "cosign verify" in runs, "no keyless sign + verify"
     assert wf["jobs"]["publish"]["permissions"].get("id-token") == "write", "keyless needs id-token"
     promote = wf["jobs"]["promote"]["steps"]
@@ -459,6 +459,31 @@ def test_release_workflow_signs_scans_attests_and_rebuilds_weekly():
         runs = [st.get("run", "") for st in wf["jobs"][job]["steps"]]
         assert sum("scripts/publish-digest.sh" in r for r in runs) == 1, \
             f"{job} should tag and verify its digest with the one script, publish-digest.sh"
+
+
+def test_release_builds_each_platform_natively_and_signs_the_joined_index():
+    """release.yml should build every row's platforms each on a runner of its CPU (versions.py
+    builds), push each by digest, join a row's digests into one index (join_index.py) and sign,
+    verify and tag that index's digest, not one platform's."""
+    wf = load_workflow(ROOT / ".github" / "workflows" / "release.yml")
+    build = wf["jobs"]["build"]
+    assert "needs.setup.outputs.builds" in str(build["strategy"]["matrix"]), build["strategy"]
+    assert build["runs-on"] == "${{ matrix.runner }}", f"not native: {build['runs-on']}"
+    push = next(s for s in build["steps"] if "build-push-action" in s.get("uses", ""))
+    assert push["with"]["platforms"] == "${{ matrix.platform }}", push["with"]
+    assert "push-by-digest=true" in push["with"]["outputs"], push["with"]["outputs"]
+    assert "matrix.arch" in push["with"]["cache-to"], "platforms would share one cache tag"
+    assert not any("setup-qemu-action" in s.get("uses", "") for s in build["steps"]), "emulated"
+    steps = wf["jobs"]["publish"]["steps"]
+    runs = [s.get("run", "") for s in steps]
+    join = next(i for i, r in enumerate(runs) if "scripts/join_index.py" in r)
+    sign = next(i for i, r in enumerate(runs) if "cosign sign" in r)
+    tag = next(i for i, r in enumerate(runs) if "publish-digest.sh" in r)
+    assert join < sign < tag, "the index must be joined, then signed, then tagged"
+    for i in (sign, tag):
+        assert steps[i]["env"]["DIGEST"] == "${{ steps.join.outputs.digest }}", steps[i]["env"]
+    download = next(s for s in steps if "download-artifact" in s.get("uses", ""))
+    assert download["with"]["pattern"] == "digest-${{ matrix.row }}-*", download["with"]
 
 
 def test_dependabot_watches_docker_actions_and_pip():
