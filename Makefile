@@ -38,6 +38,7 @@ PIP_TRUSTED_HOST ?=## hosts pip may use without valid HTTPS during the build (sp
 APT_MIRROR  ?=## scheme://host[/prefix] that replaces the apt sources' scheme://host for the build
 KEEP_MIRRORS ?=## 1: the image keeps the build's apt/pip mirrors for its users (their URLs are then in a layer)
 BUILD_OPTS  ?=## extra docker build flags, e.g. --network host (a mirror on this host's 127.0.0.1)
+PLATFORM    ?=## one platform to build, e.g. linux/arm64 (one the row publishes: versions.json platforms); empty = this host's
 MIRROR_VARS := PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST APT_MIRROR
 # Exported only when set (an empty PIP_INDEX_URL would mean "no index" to pip), so the secrets
 # come from the environment and the values never appear on make's echoed command line.
@@ -83,7 +84,8 @@ doctor: ## Check this host (Docker, BuildKit, GPU, disk, base, ports): what is f
 
 build: ## Build the runtime image as REF (IMAGE:TAG, with REGISTRY/ in front when set)
 	@$(call preflight,build)
-	$(DOCKER) build -f docker/Dockerfile --target runtime \
+	@python3 scripts/build_info.py platforms $(ROW_ARG) --check '$(PLATFORM)'
+	$(DOCKER) build -f docker/Dockerfile --target runtime $(if $(PLATFORM),--platform $(PLATFORM)) \
 	  $(shell python3 scripts/build_info.py build-args --docker $(ROW_ARG) $(BUILD_INFO_OPTS)) \
 	  $(if $(filter $(V_CUDA) $(V_CUDA).%,$(BASE_CUDA)),,--build-arg BASE_CUDA=$(BASE_CUDA)) \
 	  $(if $(filter 1,$(KEEP_MIRRORS)),--build-arg KEEP_MIRRORS=1:$(MIRRORS_KEY)) \

@@ -14,9 +14,10 @@ Usage: build_info.py make-vars [--row NAME] [--python X.Y]
        build_info.py sha-tag [--row NAME] [--sha SHA]
                          print the row's per-commit tag: sha-<sha> for the default row,
                          sha-<sha>-<row name> for the others
-       build_info.py platforms [--row NAME]
+       build_info.py platforms [--row NAME] [--check PLATFORM]
                          print the Docker platforms the row publishes, comma-separated
-                         (the release workflow's build; check_wheels.py checks each)
+                         (check_wheels.py checks each); --check: fail unless the row publishes
+                         PLATFORM (make build PLATFORM=...; empty passes)
        build_info.py flavour [--row NAME]
                          print the row name, or nothing for the default row (push.py --flavour)
        build_info.py ci-tags --event EVENT --ref REF [--row NAME] [--date YYYYMMDD] [--sha SHA]
@@ -153,7 +154,13 @@ def main(argv):
     elif cmd == "sha-tag":
         print(sha_tag(r, opt("--sha") or git_sha()))
     elif cmd == "platforms":
-        print(",".join(r["platforms"]))
+        wanted = opt("--check")
+        if wanted is None:
+            print(",".join(r["platforms"]))
+        elif wanted and wanted not in r["platforms"]:
+            sys.exit(f"build_info.py: row {r['name']} publishes {', '.join(r['platforms'])}, not {wanted} "
+                     "(versions.json platforms; make lint checks a platform's wheels once it is added). "
+                     f"Fix: PLATFORM={r['platforms'][0]}, or a row that has {wanted}")
     elif cmd == "flavour":
         print(flavour(r))
     elif cmd == "ci-tags":

@@ -55,6 +55,7 @@ def markdown(m):
 
 - Image id: `{m["image_id"]}`
 - Created: {m["created"]}
+- Platform: `{m["platform"]}`
 - Size: {m["size_bytes"] / 1e9:.2f} GB
 - Registry digests:
 {digests}
@@ -109,6 +110,9 @@ def main(argv):
         "image_id": attrs["Id"],
         "repo_digests": sorted(digests),
         "created": attrs.get("Created"),
+        # One platform's image: a multi-platform tag has one manifest per platform (make manifest
+        # PLATFORM=... after pulling that one).
+        "platform": f"{attrs.get('Os', 'linux')}/{attrs.get('Architecture', 'unknown')}",
         "size_bytes": attrs.get("Size", 0),
         "labels": attrs["Config"].get("Labels") or {},
         "versions": json.loads(files["versions.json"]),

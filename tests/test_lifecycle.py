@@ -381,6 +381,38 @@ def test_driver_floor_and_versions_in_the_warning_come_from_the_image_record(run
                      out, re.MULTILINE), f"the warning should follow the record's min_driver and CUDA:\n{out}"
 
 
+# The kernels of torch 2.15.0's aarch64 wheel (read from its libtorch_python.so; versions.json
+# _comment_arm64): no sm_75/sm_86 as on x86_64, sm_110 instead; GB10 (sm_121) runs sm_120's.
+ARM64_ARCHES = "sm_80 sm_90 sm_100 sm_110 sm_120".split()
+
+
+@pytest.mark.parametrize("gpu,warn", [
+    ("0, Tesla T4, 580.65.06, 7.5", r"GPU 0 \(Tesla T4, sm_75\) is not in the architectures of this image's "
+                                    r"PyTorch [0-9.]+ for linux/arm64 \(sm_80 .*sm_120\).*build for linux/arm64"),
+    ("0, NVIDIA GB10, 580.95.05, 12.1", None),
+    ("0, NVIDIA GH200 480GB, 580.65.06, 9.0", None),
+], ids=["t4", "gb10", "gh200"])
+def test_gpu_check_names_the_images_platform_when_its_kernels_do_not_fit(run_in_image, tmp_path, gpu, warn):
+    """Container should judge the GPU against its own platform's kernel list (the record's
+    platform and cuda_arch_list) and, when the GPU is not in it, name that platform and the fix."""
+    code, record = run_in_image(["cat", "/usr/share/team-image/versions.json"], entrypoint=[])
+    assert code == 0, f"the image has no version record:\n{record}"
+    record = json.loads(record)
+    assert record.get("platform") in ("linux/amd64", "linux/arm64"), f"the record names no platform: {record}"
+    record.update(platform="linux/arm64", cuda_arch_list=ARM64_ARCHES, min_driver="580.65.06")
+    (tmp_path / "versions.json").write_text(json.dumps(record))
+    volumes = fake_nvidia_smi(tmp_path, gpu)
+    volumes[str(tmp_path / "versions.json")] = {"bind": "/usr/share/team-image/versions.json", "mode": "ro"}
+    code, out = run_in_image(["true"], volumes=volumes)
+    assert code == 0, f"GPU checks should warn, not fail:\n{out}"
+    assert re.search(r"^INFO .*Image: torch .*, linux/arm64$", out, re.MULTILINE), f"the banner names no platform:\n{out}"
+    warns = [w for w in re.findall(r"^WARN .*", out, re.MULTILINE) if "GPU 0" in w]
+    if warn is None:
+        assert not warns, f"a GPU the arm64 kernels cover should give no WARN: {warns}"
+    else:
+        assert any(re.search(warn, w) for w in warns), f"expected a WARN matching {warn!r}:\n{out}"
+
+
 def test_arbitrary_user_flag_still_serves_jupyter(start_container):
     """Container should still start JupyterLab under `docker run --user <uid>` (no passwd entry)."""
     c = start_container(user="4321:4321")

@@ -285,6 +285,20 @@ def test_git_sha_is_twelve_hex_digits_and_says_dirty(worktree):
     assert build_info.git_sha(worktree) == head[:12] + "-dirty", "an edited tracked file should"
 
 
+def test_make_build_platform_builds_one_the_row_publishes_and_refuses_others():
+    """make build PLATFORM=linux/arm64 should hand docker build --platform for a row that publishes
+    arm64 (the Blackwell row), and refuse before building for one that does not (the default row,
+    whose torch has no CUDA wheels for aarch64), naming the fix."""
+    blackwell = next(r["name"] for r in VERSIONS["matrix"] if "linux/arm64" in r["platforms"])
+    dry = make("-n", "build", f"ROW={blackwell}", "PLATFORM=linux/arm64", "PREFLIGHT=0")
+    assert dry.returncode == 0, dry.stderr
+    assert "--platform linux/arm64" in dry.stdout, f"no --platform in make build:\n{dry.stdout}"
+    refused = make("build", "PLATFORM=linux/arm64", "PREFLIGHT=0", "IMAGE=never-built")
+    assert refused.returncode != 0, f"make build PLATFORM=linux/arm64 ran for the default row:\n{refused.stdout}"
+    assert f"row {VERSIONS['default']} publishes linux/amd64, not linux/arm64" in refused.stderr, refused.stderr
+    assert "docker build" not in refused.stdout and "Fix: PLATFORM=linux/amd64" in refused.stderr, refused.stderr
+
+
 def test_make_build_and_tags_pass_what_build_info_computes():
     """make build should pass build_info's build args, with make's overrides; make tags its tags."""
     result = make("-n", "build", "PYTHON_VERSION=3.11", "BASE_IMAGE=example/base:1", "TAG=t1")

@@ -10,7 +10,11 @@ import argparse
 import json
 import os
 import pathlib
+import platform
 import sys
+
+# Python's machine name -> Docker's architecture (the image's platform, as versions.json says it).
+DOCKER_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 def lib_copies(stem):
@@ -31,6 +35,7 @@ def main():
     p.add_argument("--base-cuda", default="")
     p.add_argument("--row", required=True, help="the versions.json row the build args come from")
     p.add_argument("--min-driver", required=True, help="that row's min_driver")
+    p.add_argument("--platform", default="", help="the build's TARGETPLATFORM (empty: not checked)")
     p.add_argument("--out", required=True)
     want = p.parse_args()
 
@@ -50,6 +55,9 @@ def main():
         "cudnn": f"{cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}",
         "nccl": ".".join(map(str, nccl)),
         "python": ".".join(map(str, sys.version_info[:3])),
+        # The architecture this image runs on (the build's TARGETPLATFORM): the kernel list below
+        # is that platform's wheel's, which differs between x86_64 and aarch64.
+        "platform": "linux/" + DOCKER_ARCH.get(platform.machine(), platform.machine()),
         "base_cuda": os.environ.get("CUDA_VERSION", ""),
         # The kernels compiled into the wheel (get_arch_list() is empty without a GPU): the
         # entrypoint compares the GPU's compute capability against this without importing torch.
@@ -58,6 +66,8 @@ def main():
         "libnccl": lib_copies("libnccl"),
     }
     errors = []
+    if want.platform and have["platform"] != want.platform:
+        errors.append(f"the image runs on {have['platform']}, the build was asked for {want.platform}")
     for key in ("torch", "torchvision", "torchaudio"):
         if have[key] != getattr(want, key):
             errors.append(f"{key} is {have[key]}, the build args say {getattr(want, key)}")

@@ -31,25 +31,30 @@ _checks_step() {
   # One python3 start (no torch) reads the build's record (versions.json's row, checked against
   # what was installed): the banner, the minimum driver (versions.json min_driver), the torch and
   # CUDA versions the warnings name, and the GPU architectures torch has kernels for.
-  local torch_line="" arch_list="" min_driver="" torch="" cuda=""
+  local torch_line="" arch_list="" min_driver="" torch="" cuda="" platform=""
   if [ -r "$versions" ]; then
-    { read -r torch_line; read -r arch_list; read -r min_driver torch cuda; } < <(python3 -I -S -c '
+    { read -r torch_line; read -r arch_list; read -r min_driver torch cuda platform; } < <(python3 -I -S -c '
 import json, sys
 v = json.load(open(sys.argv[1]))
-print("torch {torch}, CUDA {cuda}, cuDNN {cudnn}, NCCL {nccl}, Python {python}".format(**v))
+print("torch {torch}, CUDA {cuda}, cuDNN {cudnn}, NCCL {nccl}, Python {python}".format(**v)
+      + (", " + v["platform"] if v.get("platform") else ""))
 print(" ".join(v.get("cuda_arch_list") or []))
-print(v.get("min_driver") or "-", ".".join(v["torch"].split(".")[:2]), v["cuda"])' "$versions") || true
+print(v.get("min_driver") or "-", ".".join(v["torch"].split(".")[:2]), v["cuda"], v.get("platform") or "-")' "$versions") || true
   fi
   [ "$min_driver" != - ] || min_driver=""
+  # A record from before the platform was written: the machine this runs on is the image's.
+  [ -n "$platform" ] && [ "$platform" != - ] || platform="linux/$(uname -m | sed 's/^x86_64$/amd64/; s/^aarch64$/arm64/')"
   log_info "Image: ${torch_line:-versions unknown ($versions missing)}"
 
-  _check_gpus "$min_driver" "$torch" "$cuda" "$arch_list"
+  _check_gpus "$min_driver" "$torch" "$cuda" "$arch_list" "$platform"
 }
 
-# _check_gpus MIN_DRIVER TORCH CUDA "ARCH_LIST": each GPU nvidia-smi lists, with a WARN and the
-# fix for a driver below MIN_DRIVER or an architecture torch has no kernels for.
+# _check_gpus MIN_DRIVER TORCH CUDA "ARCH_LIST" PLATFORM: each GPU nvidia-smi lists, with a WARN
+# and the fix for a driver below MIN_DRIVER or an architecture torch has no kernels for. The
+# kernel list is the PLATFORM's wheel's: torch 2.15.0 has sm_75/sm_86 kernels on x86_64 only
+# and sm_110 on aarch64 only.
 _check_gpus() {
-  local min_driver=$1 torch=$2 cuda=$3 arch_list=$4
+  local min_driver=$1 torch=$2 cuda=$3 arch_list=$4 platform=$5
   # The NVIDIA Container Toolkit mounts nvidia-smi and the /dev/nvidia* nodes only with --gpus.
   # No trace of it means a CPU run on purpose (or a forgotten flag): say how, but no WARN, so a
   # normal CPU start stays clean. A trace of it without a working GPU is a real problem: WARN.
@@ -87,11 +92,11 @@ _check_gpus() {
     sm=${cc/./}
     # Kernels for sm_XY also run on the same major with a higher minor (sm_86 on an sm_89 GPU).
     if [ -n "$arch_list" ] && [[ $sm =~ ^[0-9]+$ ]] && ! _arch_supported "$sm" "$arch_list"; then
-      if [ "${cc%%.*}" -ge 10 ]; then
+      if [ "${cc%%.*}" -ge 10 ] && [ "$(printf '%s\n' "$torch" 2.7 | sort -V | head -n 1)" != 2.7 ]; then
         # `blackwell` is the moving tag of versions.json's Blackwell row (README: Flavours).
         log_warn "GPU $idx ($name) is a Blackwell GPU (sm_$sm); this image's PyTorch $torch wheels have no kernels for it (they have: $arch_list), so CUDA work fails with 'no kernel image is available'. Fix: use the Blackwell flavour of this image, tag 'blackwell' (PyTorch >= 2.7 built for CUDA 12.8+, with sm_100/sm_120 kernels; host driver >= 580), e.g. docker pull <registry>/team-dl:blackwell"
       else
-        log_warn "GPU $idx ($name, sm_$sm) is not in this PyTorch build's architectures ($arch_list): CUDA work fails with 'no kernel image is available'. Fix: use a PyTorch build that includes sm_$sm"
+        log_warn "GPU $idx ($name, sm_$sm) is not in the architectures of this image's PyTorch $torch for $platform ($arch_list): CUDA work fails with 'no kernel image is available'. Fix: use a PyTorch build for $platform that includes sm_$sm"
       fi
     fi
   done <<< "$gpus"
