@@ -338,6 +338,9 @@ def test_manifest_lists_packages_versions_labels_and_digest(image_ref, image, tm
     assert data["versions"]["torch"] == torch_version, f"versions.json says {data['versions']}"
     assert data["labels"] == image.labels, "manifest labels differ from the image's"
     assert pushed in data["repo_digests"], f"pushed digest missing: {data['repo_digests']}"
+    arch = image.attrs["Architecture"]  # one platform's image: the manifest and the record name it
+    assert data["platform"] == data["versions"]["platform"] == f"linux/{arch}", \
+        f"the manifest names platform {data.get('platform')}, the record {data['versions'].get('platform')}, the image is {arch}"
     md = (tmp_path / f"{tag}.manifest.md").read_text()
     assert f"torch=={torch_version}" in md and image.id in md, "markdown manifest lacks torch or the id"
 
