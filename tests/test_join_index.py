@@ -112,3 +112,17 @@ def test_every_platform_a_row_publishes_has_a_native_runner():
     for e in include:
         assert e["runner"] == runner[e["arch"]] and e["platform"] == "linux/" + e["arch"], e
     assert {"row": ROW, "platform": "linux/arm64", "arch": "arm64", "runner": "ubuntu-24.04-arm"} in include
+
+
+def test_a_row_that_names_no_platforms_publishes_amd64_only(tmp_path):
+    """A versions.json row without `platforms` should be built and published for linux/amd64 only."""
+    data = json.loads((ROOT / "versions.json").read_text())
+    for r in data["matrix"]:
+        r.pop("platforms", None)
+    (tmp_path / "versions.json").write_text(json.dumps(data))
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "versions.py").write_text((ROOT / "scripts" / "versions.py").read_text())
+    out = subprocess.run([sys.executable, str(tmp_path / "scripts" / "versions.py"), "builds"],
+                         capture_output=True, text=True, check=True).stdout
+    assert {e["platform"] for e in json.loads(out)["include"]} == {"linux/amd64"}, out
+    assert len(json.loads(out)["include"]) == len(data["matrix"]), out
