@@ -20,4 +20,13 @@ docker buildx imagetools create "${targets[@]}" "$repository@$digest"
 labels=()
 while IFS= read -r kv; do labels+=(--label "$kv"); done < <(python3 scripts/build_info.py labels --row "$row")
 python3 scripts/push.py verify "${tag_args[@]}" --moving "$MOVING" --digest "$digest" "${labels[@]}"
-make manifest REF="$repository@$digest" TAG="$first"
+# One package manifest per platform (each has its own wheels and dpkg list), named
+# <tag>.linux-arm64.manifest.md when the row publishes more than one.
+IFS=, read -r -a platforms <<< "$(python3 scripts/build_info.py platforms --row "$row")"
+for platform in "${platforms[@]}"; do
+  docker pull -q --platform "$platform" "$repository@$digest" >/dev/null
+  name=$first
+  [ "${#platforms[@]}" -eq 1 ] || name="$first.${platform//\//-}"
+  make manifest REF="$repository@$digest" TAG="$name"
+  docker image rm "$repository@$digest" >/dev/null  # the next platform's pull of the same digest
+done

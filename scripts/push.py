@@ -167,21 +167,47 @@ def push_tags(source, repository, tags):
     return digests.pop()
 
 
-def verify(repository, tags, digest, expected_id, expected_labels, insecure):
-    """Pull back by digest: the registry must serve the image we built, under every tag."""
-    pinned = f"{repository}@{digest}"
-    log("INFO", f"pulling back {pinned}")
-    run(DOCKER, "pull", "-q", pinned)
+def platforms(ref, insecure):
+    """The platforms of ref's images ("linux/arm64", ...), attestation manifests (buildx lists
+    them as unknown/unknown) left out; [None] for a single image (pulled as this host's)."""
+    entries, is_index = ask_registry(ref, insecure) or ([], False)
+    if not is_index:
+        return [None]
+    found = {f"{p.get('os')}/{p.get('architecture')}" for p in
+             (e.get("Descriptor", {}).get("platform") or {} for e in entries)}
+    return sorted(found - {"unknown/unknown", "None/None"})
+
+
+def pull_back(pinned, platform, expected_id, expected_labels):
+    """Pull one platform's image of pinned (None: this host's); check its labels (and its id, for
+    make push's own image); return its labels."""
+    log("INFO", f"pulling back {pinned}" + (f" for {platform}" if platform else ""))
+    run(DOCKER, "pull", "-q", *(["--platform", platform] if platform else []), pinned)
     attrs = json.loads(run(DOCKER, "image", "inspect", pinned).stdout)[0]
-    if expected_id:
-        # Same image as the source: drop only the digest reference the pull added.
+    if expected_id or platform:
+        # Drop only the digest reference the pull added: the source keeps its tags, and the next
+        # platform's pull of the same index digest is not refused ("Cannot overwrite digest").
         run(DOCKER, "image", "rm", pinned, check=False)
     if expected_id and attrs["Id"] != expected_id:
         refuse(f"{pinned} is image {attrs['Id']}, not the one built ({expected_id})")
+    if platform and f"{attrs.get('Os')}/{attrs.get('Architecture')}" != platform:
+        refuse(f"{pinned} gave a {attrs.get('Os')}/{attrs.get('Architecture')} image when asked for {platform}")
     labels = attrs["Config"].get("Labels") or {}
     wrong = {k: (labels.get(k), v) for k, v in expected_labels.items() if labels.get(k) != v}
     if wrong:
-        refuse(f"{pinned} labels differ from what was built (got, expected): {wrong}")
+        refuse(f"{pinned} {platform or ''} labels differ from what was built (got, expected): {wrong}")
+    return labels
+
+
+def verify(repository, tags, digest, expected_id, expected_labels, insecure):
+    """Pull back by digest: the registry must serve the image we built, under every tag; from a
+    multi-platform index (the release workflow's), every platform's image, each checked."""
+    pinned = f"{repository}@{digest}"
+    if expected_id:  # make push: the one local image, this host's platform
+        labels = pull_back(pinned, None, expected_id, expected_labels)
+    else:
+        checked = [pull_back(pinned, p, None, expected_labels) for p in platforms(pinned, insecure)]
+        labels = checked[0]
     for tag in tags:
         served = served_digest(f"{repository}:{tag}", insecure)
         if served != digest:

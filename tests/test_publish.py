@@ -387,6 +387,52 @@ def test_verify_checks_every_tag_the_digest_and_the_expected_labels(local_regist
     assert moved.returncode != 0, f"verify accepted a digest the registry never had:\n{moved.stderr}"
 
 
+def test_verify_checks_each_platforms_image_of_a_multi_platform_index(local_registry, worktree, docker_client,
+                                                                     tmp_path):
+    """push.py verify on an index (the release workflow's joined amd64+arm64 image) should pull and
+    check every platform's image, and refuse, naming the platform, when one has wrong labels."""
+    sha, repo = git(worktree, "rev-parse", "--short=12", "HEAD"), f"{local_registry}/{NAME}"
+    tag, made = new_tag(), []
+
+    def index(arm_version):
+        """repo:<name> an index of an amd64 and an arm64 image (FROM scratch: builds for any CPU)."""
+        name = new_tag()
+        refs = []
+        for platform, version in (("linux/amd64", tag), ("linux/arm64", arm_version)):
+            ref = f"{repo}:{name}-{platform.split('/')[1]}"
+            labels = {"org.opencontainers.image.version": version, "org.opencontainers.image.revision": sha,
+                      "team.test.nonce": uuid.uuid4().hex}
+            # --no-cache: the classic builder's cache would hand the arm64 build the amd64 layer's image.
+            label_args = [a for k, v in labels.items() for a in ("--label", f"{k}={v}")]
+            subprocess.run(["/usr/bin/docker", "build", "-q", "--no-cache", "--platform", platform, *label_args,
+                            "-t", ref, "-"],
+                           input=tiny_context().read(), check=True, capture_output=True,
+                           env=dict(os.environ, DOCKER_BUILDKIT="0"))
+            made.append(ref)
+            docker_client.images.push(ref)
+            refs.append(ref)
+        docker = ["/usr/bin/docker", "manifest"]
+        subprocess.run([*docker, "create", "--insecure", f"{repo}:{name}", *refs], check=True, capture_output=True)
+        out = subprocess.run([*docker, "push", "--insecure", "--purge", f"{repo}:{name}"], check=True,
+                             capture_output=True, text=True).stdout
+        return name, re.search(r"sha256:[0-9a-f]{64}", out).group(0)
+
+    def verify(name, digest):
+        return push_script("verify", "--repository", repo, "--tag", name, "--no-sha-tag", "--digest", digest,
+                           "--worktree", str(worktree), "--record", str(tmp_path),
+                           "--label", f"org.opencontainers.image.version={tag}")
+    try:
+        good = verify(*index(tag))
+        assert good.returncode == 0, f"verify rejected a correct two-platform index:\n{good.stderr}"
+        assert "for linux/arm64" in good.stderr and "for linux/amd64" in good.stderr, good.stderr
+        bad = verify(*index("0.0.0-wrong"))
+        assert bad.returncode != 0 and "linux/arm64 labels differ" in bad.stderr, \
+            f"verify accepted an index whose arm64 image is labelled wrong:\n{bad.stderr}"
+    finally:
+        for image_id in made:
+            docker_client.images.remove(image_id, force=True)
+
+
 def test_preflight_refuses_an_existing_immutable_tag_before_any_build(local_registry, worktree,
                                                                        tiny_image, tmp_path):
     """push.py preflight (no local image) should refuse an existing immutable tag unless it
