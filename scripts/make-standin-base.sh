@@ -9,12 +9,19 @@
 # result against it). It is an explicit choice, never a fallback.
 #
 # Usage: scripts/make-standin-base.sh [IMAGE_NAME]   (FORCE=1 rebuilds an existing one)
+#   PLATFORM=linux/arm64: a stand-in of that platform (debootstrap --arch; another CPU's runs
+#   under QEMU: qemu-user-static + binfmt-support with the F flag), named <image>-arm64 unless
+#   IMAGE_NAME is given (Docker 20.10 keeps one image per name, whatever its platform).
+#   The facts are the amd64 base's (NVARCH=x86_64, targets/x86_64-linux): a stand-in, not sbsa.
 # Needs: root, debootstrap, docker, a Debian mirror (MIRROR=...).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 versions() { python3 "$here/versions.py" "$@"; }
-image=${1:-$(versions standin image)}
+host_arch=$(dpkg --print-architecture)
+platform=${PLATFORM:-linux/$host_arch}
+arch=${platform#linux/}
+image=${1:-$(versions standin image)$([ "$arch" = "$host_arch" ] || echo "-$arch")}
 suite=${SUITE:-$(versions standin suite)}
 mirror=${MIRROR:-http://deb.debian.org/debian}
 facts=$here/../$(versions get base_facts)
@@ -23,7 +30,7 @@ log() { printf '%s [%s] %s\n' "$1" "$(date -u +%H:%M:%S)" "$2" >&2; }
 
 # What the stand-in is made from: an existing one made from anything else is made again, so a
 # warm Docker cache (CI) never keeps a stand-in that differs from the pinned facts.
-recipe=$(cat "$facts" "$here/base_facts.py" "$0" | sha256sum | cut -c1-16)
+recipe=$({ cat "$facts" "$here/base_facts.py" "$0"; echo "$arch"; } | sha256sum | cut -c1-16)
 if [ "${FORCE:-0}" != 1 ] \
   && [ "$(docker image inspect --format '{{index .Config.Labels "team.base.standin.recipe"}}' "$image" 2>/dev/null)" = "$recipe" ]; then
   log INFO "stand-in base $image already exists, made from this recipe (FORCE=1 to rebuild)"
@@ -36,15 +43,15 @@ done
 
 root=$(mktemp -d /tmp/standin.XXXXXX)
 trap 'rm -rf "$root"' EXIT
-log INFO "debootstrap $suite from $mirror into $root"
-debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.log" 2>&1 \
+log INFO "debootstrap $suite ($arch) from $mirror into $root"
+debootstrap --variant=minbase --arch="$arch" "$suite" "$root" "$mirror" >"$root.log" 2>&1 \
   || { tail -20 "$root.log" >&2; log ERROR "debootstrap failed (full log: $root.log)"; exit 1; }
 rm -f "$root.log"
 # The real base's files: plain ones straight into the tree, package-owned ones as .deb files
 # named like NVIDIA's, installed with dpkg so that their maintainer scripts make the
 # /etc/alternatives links and `dpkg --purge` removes them as it does on the real base.
 log INFO "adding the real base's files and packages from $(basename "$facts")"
-python3 "$here/base_facts.py" standin-root "$facts" "$root" "$root/tmp/standin-debs" "$(dpkg --print-architecture)"
+python3 "$here/base_facts.py" standin-root "$facts" "$root" "$root/tmp/standin-debs" "$arch"
 chroot "$root" sh -c 'dpkg -i /tmp/standin-debs/*.deb >/dev/null && rm -rf /tmp/standin-debs && ldconfig'
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin
 
@@ -53,7 +60,7 @@ python3 "$here/base_facts.py" import-changes "$facts" >"$root.changes"
 changes=()
 while IFS= read -r -d '' change; do changes+=(--change "$change"); done <"$root.changes"
 rm -f "$root.changes"
-tar -C "$root" --numeric-owner -c . | docker import "${changes[@]}" \
+tar -C "$root" --numeric-owner -c . | docker import --platform "$platform" "${changes[@]}" \
   --change "LABEL team.base.standin=true team.base.standin.suite=$suite team.base.standin.recipe=$recipe" \
   - "$image" >/dev/null
-log INFO "stand-in base ready: $image (build with BASE_IMAGE=$image PYTHON_VERSION=$(versions standin python))"
+log INFO "stand-in base ready: $image, $platform (build with BASE_IMAGE=$image PYTHON_VERSION=$(versions standin python)$([ "$arch" = "$host_arch" ] || echo " PLATFORM=$platform"))"
