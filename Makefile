@@ -50,7 +50,7 @@ MIRROR_SECRETS = $(foreach v,$(MIRROR_VARS),$(if $($(v)),--secret id=$(v)$(,)env
 # The stand-in mirrors the default row's base (its CUDA_VERSION): every row builds on it, and
 # the build's base check then expects that CUDA instead of the row's (verify-versions.py).
 STANDIN_IMAGE := $(shell python3 scripts/versions.py standin image)
-BASE_CUDA   ?= $(if $(filter $(STANDIN_IMAGE),$(BASE_IMAGE)),$(shell python3 scripts/versions.py get cuda_full),$(V_CUDA))## CUDA_VERSION the build expects of the base (the stand-in: the default row's, for every row)
+BASE_CUDA   ?= $(if $(filter $(STANDIN_IMAGE) $(STANDIN_IMAGE)-arm64,$(BASE_IMAGE)),$(shell python3 scripts/versions.py get cuda_full),$(V_CUDA))## CUDA_VERSION the build expects of the base (the stand-in: the default row's, for every row)
 
 REF         := $(if $(REGISTRY),$(REGISTRY)/)$(IMAGE):$(TAG)
 DOCKER      ?= /usr/bin/docker## the Docker client (Debian's 20.10 does BuildKit without buildx)

@@ -57,10 +57,20 @@ rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin
 
 log INFO "importing as $image"
 python3 "$here/base_facts.py" import-changes "$facts" >"$root.changes"
-changes=()
-while IFS= read -r -d '' change; do changes+=(--change "$change"); done <"$root.changes"
+standin_label="LABEL team.base.standin=true team.base.standin.suite=$suite team.base.standin.recipe=$recipe"
+if [ "$arch" = "$host_arch" ]; then
+  changes=()
+  while IFS= read -r -d '' change; do changes+=(--change "$change"); done <"$root.changes"
+  tar -C "$root" --numeric-owner -c . | docker import "${changes[@]}" --change "$standin_label" - "$image" >/dev/null
+else
+  # `docker import --platform` is ignored by a non-experimental 20.10 daemon (the image says
+  # amd64): the same tree and changes as a FROM scratch build, which runs nothing, so no QEMU.
+  ctx=$(mktemp -d /tmp/standin-ctx.XXXXXX)
+  tar -C "$root" --numeric-owner -cf "$ctx/rootfs.tar" .
+  { printf 'FROM scratch\nADD rootfs.tar /\n'; tr '\0' '\n' <"$root.changes"; echo "$standin_label"; } >"$ctx/Dockerfile"
+  DOCKER_BUILDKIT=0 docker build -q --platform "$platform" -t "$image" "$ctx" >/dev/null \
+    || { rm -rf "$ctx"; log ERROR "docker build of the $platform stand-in failed"; exit 1; }
+  rm -rf "$ctx"
+fi
 rm -f "$root.changes"
-tar -C "$root" --numeric-owner -c . | docker import --platform "$platform" "${changes[@]}" \
-  --change "LABEL team.base.standin=true team.base.standin.suite=$suite team.base.standin.recipe=$recipe" \
-  - "$image" >/dev/null
 log INFO "stand-in base ready: $image, $platform (build with BASE_IMAGE=$image PYTHON_VERSION=$(versions standin python)$([ "$arch" = "$host_arch" ] || echo " PLATFORM=$platform"))"
