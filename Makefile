@@ -164,8 +164,19 @@ lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, actio
 bench: build test-deps ## Start-up benchmark: docker run -> Jupyter, -> SSH login, docker stop
 	$(TEST_VENV)/bin/python scripts/bench_startup.py --image $(REF) --runs 5
 
-base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped hosts, CI)
+base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped hosts, CI); PLATFORM=linux/arm64: an arm64 one
 	scripts/make-standin-base.sh
+
+# arm64 on an x86 host, under QEMU (qemu-user-static + binfmt-support, F flag): slow, so not in
+# .ci/run. The arm64 stand-in, each row that publishes linux/arm64 built on it, its CPU smoke suite.
+ARM64_ROWS  := $(shell python3 scripts/versions.py rows --platform linux/arm64)
+.PHONY: arm64-emulated
+arm64-emulated: ## Under QEMU: the arm64 stand-in, the arm64 rows built on it, their CPU smoke tests
+	$(MAKE) base-standin PLATFORM=linux/arm64
+	set -e; for row in $(ARM64_ROWS); do \
+	  $(MAKE) build smoke ROW=$$row PLATFORM=linux/arm64 BASE_IMAGE=$(STANDIN_IMAGE)-arm64 \
+	    PYTHON_VERSION=$(shell python3 scripts/versions.py standin python) IMAGE=$(IMAGE)-arm64; \
+	done
 
 # An upstream tag can disappear (NVIDIA removes end-of-life CUDA tags): keep a copy by digest.
 BASE_UPSTREAM ?= $(V_BASE_IMAGE)## the base make mirror-base copies (repository:tag)

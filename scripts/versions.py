@@ -6,7 +6,8 @@ job; the files that repeat versions are written by generate.py.
 
 Usage: versions.py get KEY [--row NAME]      print one field of a matrix row (default row)
        versions.py standin KEY                print one field of the stand-in base section
-       versions.py rows                       print the row names, one per line (.ci/run)
+       versions.py rows [--platform P]        print the row names, one per line (.ci/run); with
+                                              --platform, only the rows that publish P
        versions.py matrix                     print the row names as compact JSON (CI matrix)
        versions.py builds                     print one CI matrix entry per row and platform
                                               (row, platform, arch, the native runner), JSON
@@ -82,7 +83,8 @@ def main(argv):
     elif cmd == "standin":
         print(DATA["standin"][args[0]])
     elif cmd == "rows":
-        print("\n".join(r["name"] for r in DATA["matrix"]))
+        platform = option(args, "--platform")
+        print("\n".join(r["name"] for r in DATA["matrix"] if platform in (None, *r["platforms"])))
     elif cmd == "matrix":
         print(json.dumps({"row": [r["name"] for r in DATA["matrix"]]}, separators=(",", ":")))
     elif cmd == "builds":
