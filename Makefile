@@ -73,7 +73,7 @@ HELP_EVERYDAY := help doctor build run ssh logs stop shell smoke clean
 help: ## Show this help: targets (everyday first), variables, the current image reference
 	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; else on='' off=''; fi; \
 	awk -v on="$$on" -v off="$$off" -v everyday='$(HELP_EVERYDAY)' 'BEGIN { FS = ":.*## "; n = split(everyday, e, " "); for (i = 1; i <= n; i++) ev[e[i]] = 1 } \
-	  /^[a-zA-Z_-]+:.*## / { line = sprintf("  %s%-14s%s %s\n", on, $$1, off, $$2); if ($$1 in ev) a = a line; else b = b line } \
+	  /^[a-zA-Z0-9_-]+:.*## / { line = sprintf("  %s%-14s%s %s\n", on, $$1, off, $$2); if ($$1 in ev) a = a line; else b = b line } \
 	  END { printf "Everyday targets:\n%s\nMaintainer targets (tests, lint, benchmarks, base, publishing):\n%s", a, b }' $(MAKEFILE_LIST)
 	@echo; echo "Variables (override as VAR=value):"
 	@awk 'BEGIN{FS="[?]= *|## "} /^[A-Z_]+ *[?]=.*## /{printf "  %-20s %s\n",$$1,$$3}' $(MAKEFILE_LIST)
