@@ -383,12 +383,12 @@ def test_driver_floor_and_versions_in_the_warning_come_from_the_image_record(run
 
 # The kernels of torch 2.15.0's aarch64 wheel (read from its libtorch_python.so; versions.json
 # _comment_arm64): no sm_75/sm_86 as on x86_64, sm_110 instead; GB10 (sm_121) runs sm_120's.
-ARM64_ARCHES = "sm_80 sm_90 sm_100 sm_110 sm_120".split()
+ARM64_ARCHES = ["sm_80", "sm_90", "sm_100", "sm_110", "sm_120"]
 
 
 @pytest.mark.parametrize("gpu,warn", [
-    ("0, Tesla T4, 580.65.06, 7.5", r"GPU 0 \(Tesla T4, sm_75\) is not in the architectures of this image's "
-                                    r"PyTorch [0-9.]+ for linux/arm64 \(sm_80 .*sm_120\).*build for linux/arm64"),
+    ("0, Tesla T4, 580.65.06, 7.5", (r"GPU 0 \(Tesla T4, sm_75\) is not in the architectures of this image's "
+                                     r"PyTorch [0-9.]+ for linux/arm64 \(sm_80 .*sm_120\).*build for linux/arm64")),
     ("0, NVIDIA GB10, 580.95.05, 12.1", None),
     ("0, NVIDIA GH200 480GB, 580.65.06, 9.0", None),
 ], ids=["t4", "gb10", "gh200"])
