@@ -410,6 +410,9 @@ def test_verify_checks_each_platforms_image_of_a_multi_platform_index(local_regi
                            env=dict(os.environ, DOCKER_BUILDKIT="0"))
             made.append(ref)
             docker_client.images.push(ref)
+            # Gone locally once pushed: without buildx, push.py reads a tag's digest from the
+            # RepoDigests of its pull, which would also list this image's own push digest.
+            docker_client.images.remove(ref, force=True)
             refs.append(ref)
         docker = ["/usr/bin/docker", "manifest"]
         subprocess.run([*docker, "create", "--insecure", f"{repo}:{name}", *refs], check=True, capture_output=True)
@@ -429,8 +432,11 @@ def test_verify_checks_each_platforms_image_of_a_multi_platform_index(local_regi
         assert bad.returncode != 0 and "linux/arm64 labels differ" in bad.stderr, \
             f"verify accepted an index whose arm64 image is labelled wrong:\n{bad.stderr}"
     finally:
-        for image_id in made:
-            docker_client.images.remove(image_id, force=True)
+        for ref in made:
+            try:
+                docker_client.images.remove(ref, force=True)
+            except docker.errors.ImageNotFound:
+                pass
 
 
 def test_preflight_refuses_an_existing_immutable_tag_before_any_build(local_registry, worktree,
