@@ -140,7 +140,7 @@ def install(h, tools):
             return False
         # -n: no password prompt where nobody can answer it (CI, a pipe); say the command instead.
         prefix = [sudo] if sys.stdin.isatty() else [sudo, "-n"]
-    log("INFO", f"installing {' '.join(pkgs)} ({' '.join(prefix[:1])}apt-get) for:\n    {listed}")
+    log("INFO", f"installing {' '.join(pkgs)} ({'sudo ' if prefix else ''}apt-get) for:\n    {listed}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for argv in ([*prefix, apt, "update", "-qq"],
                  [*prefix, apt, "install", "-y", "-qq", "--no-install-recommends", *pkgs]):
