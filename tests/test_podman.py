@@ -139,7 +139,9 @@ def test_podman_starts_jupyter_with_its_token_and_ssh_with_a_key(podman, start_p
     c, workspace, owner = start_podman(*flags)
     logs = wait_for_log(c, READY, timeout=180)
     assert not [ln for ln in logs.splitlines() if ln.startswith(("WARN", "ERROR"))], logs
-    token = re.search(r"/lab\?token=([0-9a-f]+)", logs).group(1)  # the ready line's (Jupyter's is redacted)
+    token = re.search(r"/lab\?token=([0-9a-f]+)", logs)  # the ready line's (Jupyter's is redacted)
+    assert token, f"no generated token in the ready line:\n{logs}"
+    token = token.group(1)
     base = f"http://127.0.0.1:{c.attrs['NetworkSettings']['Ports']['8888/tcp'][0]['HostPort']}"
     assert api(base, "/api/contents").status_code == 403, "no token should be refused"
     assert api(base, "/api/contents", token).status_code == 200, "the logged token should work"
