@@ -135,7 +135,9 @@ def test_podman_starts_jupyter_with_its_token_and_ssh_with_a_key(podman, start_p
     p, _ = podman
     key = Key()
     flags = ["-e", f"PUBLIC_KEY={key.public}"]
-    flags += ["--userns=keep-id", "--user", "root"] if p.user else podman_ulimits()
+    # Rootless: the host user is dev's UID 1000 inside (plain keep-id adds the user's own UID to
+    # /etc/passwd, which the entrypoint then refuses to give dev), and the entrypoint starts as root.
+    flags += ["--userns=keep-id:uid=1000,gid=1000", "--user", "root"] if p.user else podman_ulimits()
     c, workspace, owner = start_podman(*flags)
     logs = wait_for_log(c, READY, timeout=180)
     assert not [ln for ln in logs.splitlines() if ln.startswith(("WARN", "ERROR"))], logs
