@@ -45,7 +45,6 @@ class Podman:
             save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
             self("load", "-q", stdin=save.stdout, timeout=900)
             assert save.wait() == 0, "docker save failed"
-            self("tag", f"localhost/{ref}", ref)
         else:
             self("pull", "-q", f"docker-daemon:{ref}", timeout=900)
         print(f"\ncopied {ref} into podman{' (' + self.user + ')' if self.user else ''}'s storage "
