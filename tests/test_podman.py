@@ -71,10 +71,12 @@ class PodmanContainer:
 def podman_ulimits():
     """As root, podman raises nofile and nproc to its own defaults (1048576, 4194304) and runc
     fails ("error setting rlimit type 7: operation not permitted") on hosts whose hard limits are
-    lower (this project's VMs: nofile 20000); ask for the host's instead."""
+    lower (this project's VMs: nofile 20000); ask for the host's instead. nproc is also capped
+    at pid_max: there, 32768 (pid_max) worked and 50000 failed though the hard limit is 96367."""
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    nproc = min(resource.getrlimit(resource.RLIMIT_NPROC)[1],
-                int(pathlib.Path("/proc/sys/kernel/pid_max").read_text()))
+    pid_max = int(pathlib.Path("/proc/sys/kernel/pid_max").read_text())
+    nproc = min(n for n in (resource.getrlimit(resource.RLIMIT_NPROC)[1], pid_max)
+                if n != resource.RLIM_INFINITY)
     return ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
 
 
