@@ -3,6 +3,11 @@
 , := ,
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
+# Every target reads versions.json through python3 first: without it, say so instead of failing
+# on empty variables (make host-setup cannot install it: it is a python3 script itself).
+ifeq ($(shell command -v python3),)
+$(error python3 is needed (the Makefile reads versions.json with it): apt-get install python3)
+endif
 
 # Versions come from versions.json (one matrix row); the tag, git revision and build args from
 # scripts/build_info.py, the one place that computes them. Nothing is copied by hand.
