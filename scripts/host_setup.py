@@ -57,7 +57,7 @@ TOOLS = [
          "tests/test_browser.py, tests/test_notebook.py"),
     Tool("ssh client", ["ssh", "ssh-keygen"], ["openssh-client"], "make ssh, the SSH tests' keys"),
     Tool("git", ["git"], ["git"], "tests/test_publish.py, the image's revision label"),
-    Tool("podman", ["podman"], ["podman"], "tests/test_podman.py (the image under Podman)"),
+    Tool("podman", ["podman"], ["podman"], "tests/test_podman.py"),
 ]
 STANDIN_TOOLS = [
     Tool("debootstrap", ["debootstrap", "dpkg-deb"], ["debootstrap"],
