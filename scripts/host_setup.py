@@ -209,8 +209,12 @@ def start_dockerd(h):
         if h.run([docker, "info", "--format", "{{.ServerVersion}}"]).returncode == 0:
             return True
         time.sleep(1)
+    try:
+        tail = "".join(pathlib.Path(h.o.dockerd_log).read_text(errors="replace").splitlines(True)[-5:])
+    except OSError:
+        tail = ""
     log("ERROR", f"dockerd did not answer within {DOCKERD_WAIT} s: see {h.o.dockerd_log} or "
-                 "journalctl -u docker")
+                 f"journalctl -u docker\n{tail}")
     return False
 
 
