@@ -192,28 +192,34 @@ def start_dockerd(h):
                      f"({err.splitlines()[0] if err else 'no output'}): set DOCKER_HOST to your "
                      "engine, or install it: apt-get install docker.io")
         return False
-    systemctl = h.which("systemctl")
+    systemctl, proc = h.which("systemctl"), None
     if systemctl and os.path.isdir("/run/systemd/system"):
         log("INFO", "starting the Docker daemon: systemctl start docker")
-        h.run([systemctl, "start", "docker"], timeout=120)
+        r = h.run([systemctl, "start", "docker"], timeout=120)
+        if r.returncode != 0:
+            log("ERROR", f"systemctl start docker failed: {(r.stderr or r.stdout).strip()[-1000:]}\n"
+                         "see: journalctl -u docker")
+            return False
     else:
         # A dockerd killed without cleaning up leaves a pid file that stops the next one.
         if not dockerd_running() and os.path.exists("/var/run/docker.pid"):
             os.remove("/var/run/docker.pid")
         log("INFO", f"starting the Docker daemon: dockerd (no systemd here; log: {h.o.dockerd_log})")
         with open(h.o.dockerd_log, "ab") as out:
-            subprocess.Popen([h.which("dockerd")], stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([h.which("dockerd")], stdout=out, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + DOCKERD_WAIT
     while time.monotonic() < deadline:
         if h.run([docker, "info", "--format", "{{.ServerVersion}}"]).returncode == 0:
             return True
+        if proc and proc.poll() is not None:  # it stopped: no use waiting
+            break
         time.sleep(1)
     try:
         tail = "".join(pathlib.Path(h.o.dockerd_log).read_text(errors="replace").splitlines(True)[-5:])
     except OSError:
         tail = ""
-    log("ERROR", f"dockerd did not answer within {DOCKERD_WAIT} s: see {h.o.dockerd_log} or "
+    log("ERROR", f"dockerd did not answer{' (it exited)' if proc and proc.poll() is not None else f' within {DOCKERD_WAIT} s'}: see {h.o.dockerd_log} or "
                  f"journalctl -u docker\n{tail}")
     return False
 

@@ -188,6 +188,18 @@ def test_root_starts_a_stopped_dockerd(tmp_path):
     assert "starting the Docker daemon" in out and time.monotonic() - start < 30, out
 
 
+def test_dockerd_that_exits_is_reported_with_its_log_at_once(tmp_path):
+    """A dockerd that stops at start should fail the set-up quickly, quoting its log."""
+    host = FakeHost(tmp_path, docker_up=False)
+    host.stub("dockerd", 'echo "failed to start daemon: iptables failed" >&2; exit 1')
+    host.stub("systemctl", "exit 1")  # a systemd host's start fails the same way
+    start = time.monotonic()
+    rc, out = host.run()
+    assert rc == 1 and time.monotonic() - start < 30, out
+    if not os.path.isdir("/run/systemd/system"):  # where there is no systemd, dockerd directly
+        assert "dockerd did not answer (it exited)" in out and "iptables failed" in out, out
+
+
 @pytest.mark.parametrize("error,fix", [
     ("Cannot connect to the Docker daemon", "sudo systemctl start docker"),
     ("permission denied while trying to connect", 'sudo usermod -aG docker "$(id -un)"'),
