@@ -210,9 +210,12 @@ def start_dockerd(h):
                              stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + DOCKERD_WAIT
     while time.monotonic() < deadline:
+        # Whether it had exited is read before asking Docker, so an answer it gave before
+        # exiting still counts.
+        exited = proc is not None and proc.poll() is not None
         if h.run([docker, "info", "--format", "{{.ServerVersion}}"]).returncode == 0:
             return True
-        if proc and proc.poll() is not None:  # it stopped: no use waiting
+        if exited:  # it stopped: no use waiting
             break
         time.sleep(1)
     try:
