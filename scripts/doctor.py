@@ -20,6 +20,7 @@ Every outside probe can be pointed elsewhere (tests/test_doctor.py drives each c
   --infiniband DIR                     instead of /sys/class/infiniband
   --memlock KIB|unlimited              instead of this process's RLIMIT_MEMLOCK
   --disk-need-gb GB                    instead of BUILD_DISK_BYTES
+  --tools-path PATH                    where the test tools are looked for (scripts/host_setup.py)
 """
 import argparse
 import json
@@ -39,6 +40,7 @@ import urllib.error
 import urllib.request
 
 import build_info
+import host_setup
 import versions
 
 MIN_DOCKER = (20, 10)
@@ -546,6 +548,21 @@ def check_memlock(h):
                                 "\"memlock\", \"Soft\": -1, \"Hard\": -1}}, then restart docker")])]
 
 
+def check_test_tools(o):
+    """What make test needs beyond make run: scripts/host_setup.py's list (make host-setup,
+    which make test runs first, installs it); a warning, as make run and build do without."""
+    args = ["check", "--docker", o.docker] + (["--path", o.tools_path] if o.tools_path else [])
+    standin = o.base == versions.DATA["standin"]["image"]
+    h = host_setup.Host(host_setup.parse(args + (["--standin"] if standin else [])))
+    tools = host_setup.TOOLS + (host_setup.STANDIN_TOOLS if standin else [])
+    need = host_setup.missing(h, tools)
+    if not need:
+        return [Row(OK, "test tools", f"make test's tools are here ({', '.join(t.name for t in tools)})")]
+    return [Row(WARN, "test tools", f"make test needs {host_setup.describe(need)}",
+                ["make test installs them (make host-setup; root or sudo), or run:",
+                 "  " + host_setup.install_command(h, host_setup.packages(h, need))])]
+
+
 # ---------------------------------------------------------------- the commands
 
 
@@ -563,7 +580,7 @@ def doctor(h, o, row):
     if docker_ok:
         rows += check_container(h, o.container, strict=False)
     rows += check_shm(h) + check_memlock(h)
-    return rows
+    return rows + check_test_tools(o)
 
 
 def preflight(h, o, row):
@@ -630,6 +647,7 @@ def parse(argv):
     p.add_argument("--infiniband", default="/sys/class/infiniband")
     p.add_argument("--memlock", default=None)
     p.add_argument("--disk-need-gb", type=float, default=None)
+    p.add_argument("--tools-path", default=None)
     o = p.parse_args(argv)
     row = versions.row(o.row)
     if o.command == "name":
