@@ -1,0 +1,24 @@
+# shellcheck shell=bash
+# Setup step (sourced): write down the GPUs the container started with (GPUS_AT_START, from
+# 20-checks.sh) and their /dev/nvidia* nodes for the healthcheck's gpu-health.sh: a GPU lost
+# later turns the container unhealthy. Started without a GPU: no record, nothing to lose.
+
+_gpu_record_step() {
+  local dir nodes
+  # A restarted container keeps its files: a record must describe this start, not the one before.
+  rm -f /run/team/gpus.env /tmp/team-run/gpus.env 2>/dev/null
+  [ -n "${GPUS_AT_START:-}" ] || return 0
+  # The nodes CUDA opens: the control device, unified memory, one per GPU.
+  nodes=$(compgen -G '/dev/nvidia[0-9]*'; for n in /dev/nvidiactl /dev/nvidia-uvm; do [ ! -e "$n" ] || echo "$n"; done)
+  # Where services.sh writes its state: /run/team, else /tmp/team-run (non-root, --read-only).
+  for dir in /run/team /tmp/team-run; do
+    if mkdir -p "$dir" 2>/dev/null && [ -w "$dir" ]; then
+      printf 'GPUS_AT_START=%q\nGPU_NODES_AT_START=%q\n' "$GPUS_AT_START" "${nodes//$'\n'/ }" > "$dir/gpus.env"
+      return 0
+    fi
+  done
+  log_warn "No writable /run/team or /tmp/team-run: the healthcheck cannot notice a GPU lost while the container runs. Fix: docker run --tmpfs /tmp ..."
+}
+
+_gpu_record_step
+unset -f _gpu_record_step
