@@ -42,7 +42,7 @@ def dev_run(start_container):
 
 
 def require_pypi(run):
-    code, out = run(["pip", "index", "versions", "pip"], limit=60)
+    code, out = run(["pip", "index", "versions", "pip", "--timeout", "10", "--retries", "1"], limit=60)
     if code == 0:
         return
     why = f"PyPI is not reachable from a container (`pip index versions pip`, exit {code}):\n{out[-2000:]}"
