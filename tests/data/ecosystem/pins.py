@@ -1,10 +1,12 @@
 """What the image pins (torch, torchvision, torchaudio, triton, nvidia-*: constraints.txt), as
-installed: the version, and the identity of files a reinstall replaces even at the same version
-(path, inode, size and mtime of the dist-info RECORD, and of torch's native libraries). Prints
-one JSON object. Reads metadata only: no torch import."""
+installed: the version, the sha256 of the dist-info RECORD (which lists every file's hash), and
+the identity of files a reinstall replaces even with the same bytes (path, inode, size and mtime
+of RECORD and of torch's native libraries). Prints one JSON object. No torch import."""
+import hashlib
 import importlib.metadata
 import json
 import os
+import pathlib
 
 CONSTRAINTS = "/opt/venv/etc/constraints.txt"
 
@@ -21,7 +23,9 @@ def installed(name):
         return None
     files = dist.files or []
     record = next(f for f in files if f.name == "RECORD" and f.parent.name.endswith(".dist-info"))
-    got = {"version": dist.version, "record": stamp(dist.locate_file(record))}
+    path = dist.locate_file(record)
+    got = {"version": dist.version, "record": stamp(path),
+           "record_sha256": hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()}
     if name == "torch":
         native = [f for f in files if f.name == "libtorch_cpu.so" or (f.parent.name == "torch" and f.name.startswith("_C."))]
         got["files"] = sorted(stamp(dist.locate_file(f)) for f in native)
