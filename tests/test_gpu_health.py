@@ -77,7 +77,7 @@ def test_container_started_without_a_gpu_stays_healthy(start_container, tmp_path
     kwargs = {} if smi == "absent" else {"volumes": nvidia_smi(tmp_path, FAILING_NVIDIA_SMI)}
     c = start_and_wait(start_container, MODES["command"], **kwargs)
     wait_for_health(c, "healthy", timeout=60)
-    code, out = c.exec_run(["sh", "-c", "ls /run/team/gpus.env /tmp/team-run/gpus.env 2>&1"])
+    code, out = c.exec_run(["sh", "-c", "ls /run/team/gpus /tmp/team-run/gpus 2>&1"])
     assert code != 0, f"no GPU at start should leave no GPU record: {out!r}"
     # Three more checks (Docker keeps the last five), all passing; those before the container
     # was healthy may have seen the setup steps still running.
@@ -89,3 +89,21 @@ def test_container_started_without_a_gpu_stays_healthy(start_container, tmp_path
     checks = new_checks()
     assert all(h["ExitCode"] == 0 and "command mode" in h["Output"] for h in checks), (
         f"a GPU-less container should pass every check: {checks}")
+
+
+def test_healthcheck_neither_runs_nor_trusts_a_gpu_record_that_dev_wrote(start_container):
+    """Container healthcheck (root) should ignore a GPU record dev planted in /tmp/team-run:
+    not run it (dev -> root) and not count its GPU (a false unhealthy)."""
+    c = start_and_wait(start_container, MODES["command"])
+    wait_for_health(c, "healthy", timeout=60)
+    planted = "gpu 0, NVIDIA H100 80GB HBM3\\nnode /dev/nvidia0\\ntouch /tmp/ran-as-root\\n"
+    code, out = c.exec_run(["sh", "-c", f"mkdir -p /tmp/team-run && printf '{planted}' > /tmp/team-run/gpus"],
+                           user="dev")
+    assert code == 0, f"dev could not write /tmp/team-run: {out!r}"
+    seen = {h["Start"] for h in health_log(c)}
+    wait_until(lambda: len([h for h in health_log(c) if h["Start"] not in seen]) >= 3, 30,
+               lambda: f"the healthcheck stopped running: {health_log(c)}")
+    code, _ = c.exec_run(["test", "-e", "/tmp/ran-as-root"])
+    assert code != 0, "the root healthcheck ran a line of a file dev wrote"
+    checks = [h for h in health_log(c) if h["Start"] not in seen]
+    assert all(h["ExitCode"] == 0 for h in checks), f"a record dev wrote should not count: {checks}"

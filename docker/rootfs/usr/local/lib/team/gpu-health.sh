@@ -8,14 +8,22 @@ set -uo pipefail
 # Container Toolkit: "Containers losing access to GPUs with error: Failed to initialize NVML".
 NVIDIA_DOC=https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/troubleshooting.html#containers-losing-access-to-gpus-with-error-failed-to-initialize-nvml-unknown-error
 
-GPUS_AT_START="" GPU_NODES_AT_START=""
-for record in /run/team/gpus.env /tmp/team-run/gpus.env; do
-  if [ -r "$record" ]; then
-    # shellcheck source=/dev/null
-    . "$record"; break
+# The record: "gpu <index>, <name>" and "node <path>" lines. Only one this user wrote (the
+# entrypoint, as root or as --user's UID) counts: the healthcheck runs as that user, and dev
+# may write /tmp/team-run; the lines are only read, never run.
+gpus_at_start="" nodes_at_start=""
+for record in /run/team/gpus /tmp/team-run/gpus; do
+  if [ -f "$record" ] && [ ! -L "$record" ] && [ -O "$record" ]; then
+    while IFS= read -r line; do
+      case "$line" in
+        "gpu "*) gpus_at_start+="${gpus_at_start:+$'\n'}${line#gpu }" ;;
+        "node "*) nodes_at_start+=" ${line#node }" ;;
+      esac
+    done < "$record"
+    break
   fi
 done
-[ -n "$GPUS_AT_START" ] || exit 0
+[ -n "$gpus_at_start" ] || exit 0
 
 # Cheap when it answers (one NVML query); a hung driver must not hang the check past Docker's
 # 10 s HEALTHCHECK timeout, which also has to cover the service checks after this one.
@@ -30,13 +38,13 @@ else
   listed=$(cut -d, -f1,2 <<< "$now")
   while IFS= read -r gpu; do
     grep -qxF "$gpu" <<< "$listed" || problem+="${problem:+; }nvidia-smi no longer lists GPU $gpu"
-  done <<< "$GPUS_AT_START"
+  done <<< "$gpus_at_start"
 fi
 [ -n "$problem" ] || exit 0
 
 # Which device nodes went away or may no longer be opened: "Operation not permitted" is the
 # device cgroup refusing them. Only on this failure path: opening a GPU node costs like NVML.
-for node in $GPU_NODES_AT_START; do
+for node in $nodes_at_start; do
   if [ ! -e "$node" ]; then
     problem+="; $node: gone"
   elif ! err=$({ : < "$node"; } 2>&1); then

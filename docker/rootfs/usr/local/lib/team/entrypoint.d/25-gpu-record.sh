@@ -4,20 +4,25 @@
 # later turns the container unhealthy. Started without a GPU: no record, nothing to lose.
 
 _gpu_record_step() {
-  local dir nodes
+  local dir nodes gpu
   # A restarted container keeps its files: a record must describe this start, not the one before.
-  rm -f /run/team/gpus.env /tmp/team-run/gpus.env 2>/dev/null
+  rm -f /run/team/gpus /tmp/team-run/gpus 2>/dev/null
   [ -n "${GPUS_AT_START:-}" ] || return 0
-  # The nodes CUDA opens: the control device, unified memory, one per GPU.
+  # The nodes CUDA opens: one per GPU, the control device, unified memory.
   nodes=$(compgen -G '/dev/nvidia[0-9]*'; for n in /dev/nvidiactl /dev/nvidia-uvm; do [ ! -e "$n" ] || echo "$n"; done)
   # Where services.sh writes its state: /run/team, else /tmp/team-run (non-root, --read-only).
+  # Plain lines, read and never sourced: the healthcheck runs as root, and a file in /tmp is
+  # one that dev could have written.
   for dir in /run/team /tmp/team-run; do
     if mkdir -p "$dir" 2>/dev/null && [ -w "$dir" ]; then
-      printf 'GPUS_AT_START=%q\nGPU_NODES_AT_START=%q\n' "$GPUS_AT_START" "${nodes//$'\n'/ }" > "$dir/gpus.env"
+      {
+        while IFS= read -r gpu; do echo "gpu $gpu"; done <<< "$GPUS_AT_START"
+        for gpu in $nodes; do echo "node $gpu"; done
+      } > "$dir/gpus"
       return 0
     fi
   done
-  log_warn "No writable /run/team or /tmp/team-run: the healthcheck cannot notice a GPU lost while the container runs. Fix: docker run --tmpfs /tmp ..."
+  log_info "No writable /run/team or /tmp/team-run: the healthcheck cannot notice a GPU lost while the container runs. Fix: docker run --tmpfs /tmp ..."
 }
 
 _gpu_record_step
