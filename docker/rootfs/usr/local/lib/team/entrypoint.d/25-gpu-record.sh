@@ -4,7 +4,7 @@
 # later turns the container unhealthy. Started without a GPU: no record, nothing to lose.
 
 _gpu_record_step() {
-  local dir nodes gpu
+  local dir nodes gpu node
   # A restarted container keeps its files: a record must describe this start, not the one before.
   rm -f /run/team/gpus /tmp/team-run/gpus 2>/dev/null
   [ -n "${GPUS_AT_START:-}" ] || return 0
@@ -17,7 +17,7 @@ _gpu_record_step() {
     if mkdir -p "$dir" 2>/dev/null && [ -w "$dir" ]; then
       {
         while IFS= read -r gpu; do echo "gpu $gpu"; done <<< "$GPUS_AT_START"
-        for gpu in $nodes; do echo "node $gpu"; done
+        for node in $nodes; do echo "node $node"; done
       } > "$dir/gpus"
       return 0
     fi
