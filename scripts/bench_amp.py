@@ -21,7 +21,7 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-# train_amp is imported the one documented way (see the top of train_amp.py): its folder first
+# train_amp is imported the one documented way (see trainamp/api.py): its folder first
 # on sys.path. It lives at the repository root, and at /usr/local/bin in the image.
 for p in (HERE.parent, pathlib.Path("/usr/local/bin")):
     if (p / "train_amp.py").is_file():

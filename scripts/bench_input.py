@@ -24,7 +24,7 @@ import tarfile
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-# train_amp is imported the one documented way (see the top of train_amp.py): its folder first
+# train_amp is imported the one documented way (see trainamp/api.py): its folder first
 # on sys.path. It lives at the repository root, and at /usr/local/bin in the image.
 for p in (HERE.parent, pathlib.Path("/usr/local/bin")):
     if (p / "train_amp.py").is_file():
@@ -33,6 +33,7 @@ for p in (HERE.parent, pathlib.Path("/usr/local/bin")):
 import torch
 
 import train_amp
+import trainamp.data.device  # row_settings' decode counter replaces decode_jpegs there
 
 # The device-gil row's thread switch interval (Python's default: 5 ms).
 GIL_SWITCH_S = 0.0005
@@ -133,9 +134,11 @@ def row_settings(name):
     """What an ablation row changes, for the length of the row: device-roi crops by roi_align
     instead of the Triton kernel, device-gil shortens Python's thread switch interval,
     device-replay feeds the device path's thread from Replay, device-decode-once also decodes
-    each kept batch once. Yields the row's counts of batches loaded, replayed and decoded."""
+    each kept batch once. Yields (the row's counts of batches loaded, replayed and decoded, the
+    DecodeOptions to train with)."""
     switch = sys.getswitchinterval()
-    passes, decode = train_amp.DeviceBatches.passes, train_amp.decode_jpegs
+    device = trainamp.data.device  # where decode_on_device looks decode_jpegs up
+    passes, decode = train_amp.DeviceBatches.passes, device.decode_jpegs
     stats = {"loaded": 0, "replayed": 0, "decoded": 0}
     decoded = {}
 
@@ -155,21 +158,20 @@ def row_settings(name):
             decoded[datas[0].data_ptr()] = result
         return result
 
-    train_amp.FUSED_CROP = name != "device-roi"
-    train_amp.JPEG_DRAFT = name != "workers-full"
+    options = train_amp.DecodeOptions(fused_crop=name != "device-roi",
+                                      jpeg_draft=name != "workers-full")
     if name == "device-gil":
         sys.setswitchinterval(GIL_SWITCH_S)
     if name in ("device-replay", "device-decode-once"):
-        train_amp.DeviceBatches.passes, train_amp.decode_jpegs = replaying, counting
+        train_amp.DeviceBatches.passes, device.decode_jpegs = replaying, counting
     try:
-        yield stats
+        yield stats, options
     finally:
-        train_amp.FUSED_CROP = train_amp.JPEG_DRAFT = True
         sys.setswitchinterval(switch)
-        train_amp.DeviceBatches.passes, train_amp.decode_jpegs = passes, decode
+        train_amp.DeviceBatches.passes, device.decode_jpegs = passes, decode
 
 
-def run(label, a, data, extra=()):
+def run(label, a, data, extra=(), options=None):
     argv = ["--data", data, "--model", a.model, "--batch-size", str(a.batch_size),
             "--image-size", str(a.image_size), "--epochs", str(a.epochs), "--checkpoint-dir", "",
             "--progress", "none", "--device", a.device, *extra]
@@ -180,12 +182,14 @@ def run(label, a, data, extra=()):
         torch.cuda.empty_cache()
     row, t0 = {"label": label, "argv": argv}, time.perf_counter()
     try:
-        r = train_amp.train(args, train_amp.Ranks(), a.dev, train_amp.StopRequest(),
-                            label=f"[{label}]")
+        trainer = train_amp.Trainer(args, train_amp.Ranks(), a.dev, train_amp.StopRequest(),
+                                    label=f"[{label}]",
+                                    options=options or train_amp.DecodeOptions())
+        r = trainer.run()
         eps = [h["steps"] * a.batch_size / h["epoch_time_s"] for h in r["history"]]
         row.update(epoch_ips=eps, ips=statistics.median(eps[1:]) if len(eps) > 1 else eps[0],
                    compile=r["compile"], cuda_graphs=r["cuda_graphs"], amp=r["config"]["amp"],
-                   channels_last=r["channels_last"], decode=getattr(args, "decode_used", None),
+                   channels_last=r["channels_last"], decode=trainer.decode,
                    train_acc=r["history"][-1]["train_acc"])
         if row["decode"] == "workers":
             row.update(steps_per_epoch=r["history"][0]["steps"], num_workers=(
@@ -243,20 +247,20 @@ def digits_accuracy(a, root):
 def cpu_decode_rate(folder, image_size, files=256, rounds=3):
     """Images/s of one CPU core running the workers' transforms (open, decode, crop or resize,
     flip, to tensor) on the set's first `files` JPEGs, JPEGs decoded at a reduced scale where
-    the crop allows (train_amp.JPEG_DRAFT) and at full scale, in alternating rounds (medians)."""
+    the crop allows (DecodeOptions.jpeg_draft) and at full scale, in alternating rounds
+    (medians)."""
     paths = sorted(pathlib.Path(folder).rglob("*.jpg"))[:files]
-    train_tf, val_tf = train_amp.image_transforms(image_size)
     times = {}
     for _ in range(rounds):
         for draft in (True, False):
-            train_amp.JPEG_DRAFT = draft
-            for split, tf in (("train", train_tf), ("val", val_tf)):
+            transforms = train_amp.image_transforms(image_size,
+                                                    train_amp.DecodeOptions(jpeg_draft=draft))
+            for split, tf in zip(("train", "val"), transforms):
                 torch.manual_seed(0)
                 t0 = time.perf_counter()
                 for p in paths:
                     tf(train_amp.open_image(p))
                 times.setdefault((split, draft), []).append(time.perf_counter() - t0)
-    train_amp.JPEG_DRAFT = True
     rate = {f"{split} {'reduced' if draft else 'full'}": len(paths) / statistics.median(t)
             for (split, draft), t in times.items()}
     for split in ("train", "val"):
@@ -297,12 +301,11 @@ def profile_device_path(a, folder, batches=12):
         flip = torch.rand(len(imgs), generator=gen) < 0.5
         spent = [t1 - t0, t2 - t1]
         for use_fused in crops.values():
-            train_amp.FUSED_CROP = use_fused
             t3 = time.perf_counter()
-            train_amp.crop_to_batch(imgs, boxes, flip, a.image_size, True)
+            train_amp.crop_to_batch(imgs, boxes, flip, a.image_size, True,
+                                    train_amp.DecodeOptions(fused_crop=use_fused))
             sync()
             spent.append(time.perf_counter() - t3)
-        train_amp.FUSED_CROP = True
         if k >= 2:
             for name, v in zip(times, spent):
                 times[name].append(1000 * v)
@@ -403,8 +406,8 @@ def main():
     for round_ in range(a.repeat):
         for name in rows:
             data, extra = plan[name]
-            with row_settings(name) as stats:
-                row = run(name, a, data, extra)
+            with row_settings(name) as (stats, options):
+                row = run(name, a, data, extra, options)
             if any(stats.values()):
                 row["batches"] = stats
             row["round"] = round_ + 1
