@@ -81,7 +81,7 @@ def test_help_documents_every_option(run_in_image):
     for option in ("--model", "--data", "--epochs", "--steps", "--batch-size", "--lr", "--amp",
                    "--channels-last", "--compile", "--grad-clip", "--num-workers",
                    "--checkpoint-dir", "--resume", "--seed", "--benchmark", "--compare",
-                   "--tensorboard", "digits", "synthetic", "ImageFolder", "tar shards", "torchrun",
+                   "--tensorboard", "digits", "synthetic", "ImageFolder", "WebDataset", "KEY.cls", "torchrun",
                    "--overwrite", "--skip-bad-images", "exit status"):
         assert option in logs, f"--help does not mention {option}:\n{logs}"
 
@@ -1284,18 +1284,18 @@ def test_compile_tuned_turns_on_kernel_tuning_and_trains(run_in_image):
 
 
 def run_repo_script(run_in_image, script):
-    """Run a bash line in the image with the repository's scripts/ at /repo/scripts (they are not
-    in the image); fail with the logs unless it exits 0. Returns the logs."""
+    """Run a bash line in the image with the repository's benchmarks/ at /repo/benchmarks (they
+    are not in the image); fail with the logs unless it exits 0. Returns the logs."""
     code, logs = run_in_image(["bash", "-c", script], timeout=600,
-                              volumes={str(ROOT / "scripts"): {"bind": "/repo/scripts",
-                                                               "mode": "ro"}})
+                              volumes={str(ROOT / "benchmarks"): {"bind": "/repo/benchmarks",
+                                                                  "mode": "ro"}})
     assert code == 0, f"{script.split()[1]} exited {code}:\n{logs}"
     return logs
 
 
 def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
-    """scripts/bench_amp.py (the GPU benchmark) should run its parts end to end: tiny on CPU."""
-    script = ("python /repo/scripts/bench_amp.py --device cpu --model resnet18 --image-size 32"
+    """benchmarks/bench_amp.py (the GPU benchmark) should run its parts end to end: tiny on CPU."""
+    script = ("python /repo/benchmarks/bench_amp.py --device cpu --model resnet18 --image-size 32"
               " --batch-size 8 --steps 1 --warmup-steps 1 --only matrix-eager,jpeg"
               " --precisions fp32-strict,amp-bf16 --jpeg-images 48 --jpeg-dir /tmp/jpegs"
               " --out /tmp/bench.json && cat /tmp/bench.json")
@@ -1309,10 +1309,10 @@ def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
 
 
 def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_image):
-    """scripts/bench_input.py (synthetic vs JPEG images/s) should make its JPEGs and tar shards and
+    """benchmarks/bench_input.py (synthetic vs JPEG images/s) should make its JPEGs and tar shards and
     print images/s per --decode path with the ratio to synthetic data, over interleaved rounds
     with --repeat (median and range): tiny, on CPU."""
-    script = ("python /repo/scripts/bench_input.py --device cpu --model resnet18 --image-size 32"
+    script = ("python /repo/benchmarks/bench_input.py --device cpu --model resnet18 --image-size 32"
               " --batch-size 16 --images 64 --classes 4 --max-side 96 --epochs 2"
               " --rows synthetic,device,tar --repeat 2 --jpeg-dir /tmp/bi --out /tmp/bi.json"
               " && cat /tmp/bi.json")
@@ -1335,7 +1335,7 @@ def bench_report_logs(run_in_image, body):
     report(images, rows): a ResNet-50 batch-256 report of those rows, made up, no training."""
     return run_repo_script(run_in_image, f"""python - <<'EOF'
 import sys
-sys.path.insert(0, "/repo/scripts")
+sys.path.insert(0, "/repo/benchmarks")
 import bench_input
 def report(images, rows):
     bench_input.print_report({{
@@ -1383,7 +1383,7 @@ def test_bench_input_replay_rows_stop_the_loader_and_decode_once(run_in_image):
     """bench_input.py's device-replay row should take only the first epoch's batches from the
     loader and replay them (every batch still decoded), device-decode-once should also decode
     each kept batch only once: what the README's figures for them rest on."""
-    script = ("python /repo/scripts/bench_input.py --device cpu --model resnet18 --image-size 32"
+    script = ("python /repo/benchmarks/bench_input.py --device cpu --model resnet18 --image-size 32"
               " --batch-size 16 --images 64 --classes 4 --max-side 96 --epochs 3"
               " --rows device-replay,device-decode-once --jpeg-dir /tmp/bi --out /tmp/bi.json"
               " && cat /tmp/bi.json")
@@ -1396,16 +1396,16 @@ def test_bench_input_replay_rows_stop_the_loader_and_decode_once(run_in_image):
 
 
 def test_bench_amp_compiles_as_a_uid_without_a_passwd_entry(run_in_image):
-    """scripts/bench_amp.py started without the entrypoint as a UID with no passwd entry (as
+    """benchmarks/bench_amp.py started without the entrypoint as a UID with no passwd entry (as
     pyxis or a Kubernetes `command:` start it) should still torch.compile: Inductor names its
     cache after the user."""
-    script = ("python /repo/scripts/bench_amp.py --device cpu --model resnet18 --image-size 32"
+    script = ("python /repo/benchmarks/bench_amp.py --device cpu --model resnet18 --image-size 32"
               " --batch-size 8 --steps 1 --warmup-steps 1 --only tuned --out /tmp/bench.json"
               " && cat /tmp/bench.json")
     code, logs = run_in_image(["bash", "-c", script], timeout=600, entrypoint="",
                               user="12345:12345",
-                              volumes={str(ROOT / "scripts"): {"bind": "/repo/scripts",
-                                                               "mode": "ro"}})
+                              volumes={str(ROOT / "benchmarks"): {"bind": "/repo/benchmarks",
+                                                                  "mode": "ro"}})
     assert code == 0, f"bench_amp.py exited {code}:\n{logs}"
     report = json.loads(logs[logs.index("\n{") + 1:])
     runs = [m for m in report["matrix"] if m.get("compile") == "tuned"]

@@ -158,7 +158,7 @@ def wrap_model(net, plan, ranks):
             net, device_ids=[device.index] if device.type == "cuda" else None)
     if compiled:
         # Inductor reads its config when it compiles, at the first call: set it either way so
-        # one process (scripts/bench_amp.py) can run tuned and untuned configurations in turn.
+        # one process (benchmarks/bench_amp.py) can run tuned and untuned configurations in turn.
         # Coordinate descent re-times each generated kernel's block sizes around the
         # heuristic's pick; on ResNet-50 that speeds up the BatchNorm/ReLU kernels.
         inductor_config().coordinate_descent_tuning = plan.tuned

@@ -5,7 +5,7 @@ AMP bf16, each with and without channels_last and torch.compile; then train_amp.
 flags, the defaults with --compile tuned, and an ImageFolder of JPEGs (input pipeline vs GPU).
 Prints markdown, writes JSON.
 
-    python scripts/bench_amp.py --out /tmp/bench_amp.json
+    python benchmarks/bench_amp.py --out /tmp/bench_amp.json
 
 Everything runs through train_amp.py's own benchmark()/train() so the figures are the tool's.
 A time budget (default 450 s) skips what would not fit and says so; --only reruns a subset.

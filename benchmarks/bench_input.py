@@ -3,7 +3,7 @@
 on synthetic data and on an ImageNet-like JPEG set it makes, per --decode path, and prints
 images/s over whole epochs (the first, warm-up/compile epoch excluded) and the JPEG/synthetic ratio.
 
-    python scripts/bench_input.py --out /tmp/bench_input.json
+    python benchmarks/bench_input.py --out /tmp/bench_input.json
 
 Every row is train_amp.train() with the default flags (AMP, channels_last, torch.compile on a
 GPU), in this process, one after the other (--repeat N: all the rows N times, interleaved,
@@ -315,7 +315,7 @@ def profile_device_path(a, folder, batches=12):
     return prof
 
 
-def main():
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="resnet50")
     p.add_argument("--batch-size", type=int, default=256)
@@ -355,12 +355,12 @@ def main():
                    help="also time the workers' transforms on one CPU core, JPEGs decoded at a"
                         " reduced scale where the crop allows vs at full scale (no GPU needed"
                         " for this part: with --rows '' it is all that runs)")
-    a = p.parse_args()
-    if a.device == "cuda" and a.rows and not torch.cuda.is_available():
-        sys.exit("bench_input.py needs a CUDA GPU (--device cpu only smoke-tests it)")
-    a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
-    folder = pathlib.Path(a.jpeg_dir) / "jpeg"
-    t0 = time.perf_counter()
+    return p
+
+
+def jpeg_set(a, folder):
+    """The ImageNet-like JPEGs (made, or already there and read into the page cache) -> (their
+    paths, whether this run made them)."""
     made = not any(folder.rglob("*.jpg"))
     if made:
         make_imagefolder(folder, a.images, a.classes, a.max_side)
@@ -370,22 +370,25 @@ def main():
         # the rows measure what the report says (a warm cache), not the disk.
         for f in files:
             f.read_bytes()
+    return files, made
+
+
+def new_report(a, files, made, t0):
+    """The report's head: the machine, the job, the JPEG set and its page-cache state."""
     size = sum(f.stat().st_size for f in files)
-    rows = [r for r in a.rows.split(",") if r]
-    if "tar" in rows and not any((pathlib.Path(a.jpeg_dir) / "shards").glob("*.tar")):
-        make_shards(folder, pathlib.Path(a.jpeg_dir) / "shards")
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
-    rep = {"gpu": train_amp.device_name(a.dev), "torch": torch.__version__,
-           "cpus": train_amp.cpu_cores(), "model": a.model, "batch_size": a.batch_size,
-           "image_size": a.image_size, "epochs": a.epochs, "images": len(files),
-           "mean_kib": size / len(files) / 1024, "make_s": time.perf_counter() - t0,
-           "page_cache": (f"warm: the {size / 2 ** 20:.0f} MiB of JPEGs were"
-                          f" {'written' if made else 'read'} by this run just before"
-                          f" ({mem_gib:.0f} GiB RAM), so every epoch reads them from the page"
-                          " cache"), "rows": []}
-    print(f"# bench_input: {a.model} batch {a.batch_size} on {rep['gpu']} ({rep['cpus']} CPUs),"
-          f" {len(files)} JPEGs, {rep['mean_kib']:.0f} KiB mean; {rep['page_cache']}", flush=True)
-    n_train, cpus = len(files), rep["cpus"]
+    return {"gpu": train_amp.device_name(a.dev), "torch": torch.__version__,
+            "cpus": train_amp.cpu_cores(), "model": a.model, "batch_size": a.batch_size,
+            "image_size": a.image_size, "epochs": a.epochs, "images": len(files),
+            "mean_kib": size / len(files) / 1024, "make_s": time.perf_counter() - t0,
+            "page_cache": (f"warm: the {size / 2 ** 20:.0f} MiB of JPEGs were"
+                           f" {'written' if made else 'read'} by this run just before"
+                           f" ({mem_gib:.0f} GiB RAM), so every epoch reads them from the page"
+                           " cache"), "rows": []}
+
+
+def row_plan(a, folder, n_train, cpus):
+    """Every row name -> (its --data, its train_amp flags)."""
     plan = {
         "synthetic": ("synthetic", ["--synthetic-size", str(n_train), "--num-classes",
                                     str(a.classes)]),
@@ -398,10 +401,12 @@ def main():
     }
     for name, (base, _, flags) in ABLATIONS.items():
         plan[name] = (plan[base][0], plan[base][1] + flags)
-    if a.profile:
-        rep["profile"] = profile_device_path(a, folder)
-    if a.cpu_decode:
-        rep["cpu_decode"] = cpu_decode_rate(folder, a.image_size)
+    return plan
+
+
+def run_rows(a, rows, plan, rep):
+    """The rows, --repeat times interleaved; the JSON rewritten after each (a long run that
+    dies keeps what it measured)."""
     rep["repeat"] = a.repeat
     for round_ in range(a.repeat):
         for name in rows:
@@ -413,15 +418,41 @@ def main():
             row["round"] = round_ + 1
             rep["rows"].append(row)
             pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
-    if a.accuracy:
-        rep["accuracy"] = digits_accuracy(a, pathlib.Path(a.jpeg_dir) / "digits")
-        pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
+
+
+def write_report(rep, out):
+    """Print the report and write it as markdown next to the JSON (OUT with .md)."""
     print_report(rep)
-    md = pathlib.Path(a.out).with_suffix(".md")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         print_report(rep)
-    md.write_text(buf.getvalue())
+    pathlib.Path(out).with_suffix(".md").write_text(buf.getvalue())
+
+
+def main():
+    a = build_parser().parse_args()
+    if a.device == "cuda" and a.rows and not torch.cuda.is_available():
+        sys.exit("bench_input.py needs a CUDA GPU (--device cpu only smoke-tests it)")
+    a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
+    folder = pathlib.Path(a.jpeg_dir) / "jpeg"
+    t0 = time.perf_counter()
+    files, made = jpeg_set(a, folder)
+    rows = [r for r in a.rows.split(",") if r]
+    if "tar" in rows and not any((pathlib.Path(a.jpeg_dir) / "shards").glob("*.tar")):
+        make_shards(folder, pathlib.Path(a.jpeg_dir) / "shards")
+    rep = new_report(a, files, made, t0)
+    print(f"# bench_input: {a.model} batch {a.batch_size} on {rep['gpu']} ({rep['cpus']} CPUs),"
+          f" {len(files)} JPEGs, {rep['mean_kib']:.0f} KiB mean; {rep['page_cache']}", flush=True)
+    plan = row_plan(a, folder, len(files), rep["cpus"])
+    if a.profile:
+        rep["profile"] = profile_device_path(a, folder)
+    if a.cpu_decode:
+        rep["cpu_decode"] = cpu_decode_rate(folder, a.image_size)
+    run_rows(a, rows, plan, rep)
+    if a.accuracy:
+        rep["accuracy"] = digits_accuracy(a, pathlib.Path(a.jpeg_dir) / "digits")
+        pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
+    write_report(rep, a.out)
 
 
 def few_batches_cautions(rep):
