@@ -8,9 +8,15 @@ site-packages in the image. The AMP step itself (autocast, GradScaler, the optim
 trainamp/amp.py. Imported as a module, this file gives the names of trainamp/api.py."""
 import sys
 
-from trainamp.api import *  # the names benchmarks and tests use
-from trainamp.api import __all__  # noqa: F401
-from trainamp.main import main
+try:
+    from trainamp.api import *  # the names benchmarks and tests use
+    from trainamp.api import __all__  # noqa: F401
+    from trainamp.main import main
+except ModuleNotFoundError as e:
+    if e.name != "trainamp":
+        raise
+    sys.exit(f"train_amp.py: error: its package trainamp is neither beside {__file__} nor"
+             " installed: copy the repository's trainamp/ folder next to train_amp.py")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,7 @@ NaN and out-of-range values, and the defaults that depend on --data (parse_args)
 import argparse
 import math
 
-from .data.loader import CORES_FOR_WORKER_DECODE, DECODE_CPU_SHARE
+from .data.options import CORES_FOR_WORKER_DECODE, DECODE_CPU_SHARE
 from .errors import PROG
 
 # --help's first line.

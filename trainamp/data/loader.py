@@ -13,7 +13,7 @@ from torch.utils.data import DistributedSampler
 from ..errors import BadImageError, UsageError
 from .bad import BadImages
 from .device import decode_on_device, normalise
-from .options import DEFAULT
+from .options import CORES_FOR_WORKER_DECODE, DEFAULT
 from .sources import (
     JPEG_SUFFIXES,
     ImageFolderData,
@@ -21,15 +21,6 @@ from .sources import (
     digits_split,
     synthetic_split,
 )
-
-# --decode device: the share of each batch the DataLoader workers decode on the CPU
-# (CollateBytes). 0 until measured a win over whole epochs (README: input pipeline).
-DECODE_CPU_SHARE = 0.0
-
-# CPU cores per GPU at which --decode auto lets the DataLoader workers decode: below it they
-# cannot keep an H200 training ResNet-50 with AMP busy (README, input pipeline: 15 workers
-# decoded + augmented 2,473 ImageNet-like JPEGs/s, ~165 per core; the GPU trains 6,648/s).
-CORES_FOR_WORKER_DECODE = 40
 
 
 def nvjpeg_available(device):
