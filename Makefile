@@ -173,7 +173,7 @@ lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, actio
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.dependabot .github/dependabot.yml
 
 bench: build test-deps ## Start-up benchmark: docker run -> Jupyter, -> SSH login, docker stop
-	$(TEST_VENV)/bin/python scripts/bench_startup.py --image $(REF) --runs 5
+	$(TEST_VENV)/bin/python benchmarks/bench_startup.py --image $(REF) --runs 5
 
 base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped hosts, CI)
 	scripts/make-standin-base.sh
