@@ -3,6 +3,11 @@
 , := ,
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
+# Every target reads versions.json through python3 first: without it, say so instead of failing
+# on empty variables (make host-setup cannot install it: it is a python3 script itself).
+ifeq ($(shell command -v python3),)
+$(error python3 is needed (the Makefile reads versions.json with it): apt-get install python3)
+endif
 
 # Versions come from versions.json (one matrix row); the tag, git revision and build args from
 # scripts/build_info.py, the one place that computes them. Nothing is copied by hand.
@@ -28,6 +33,8 @@ TESTS       ?= tests/## test paths for make test
 SMOKE_ARGS  ?=## arguments for make smoke's smoke suite, e.g. --require-gpu or --require-gpus 2
 # Read from the environment by scripts/make-standin-base.sh (a variable given to make reaches it too).
 MIRROR      ?=## Debian mirror for make base-standin (empty: http://deb.debian.org/debian)
+HOST_SETUP  ?= 1## 0: make test skips make host-setup (installs nothing, starts no dockerd)
+LINT        ?= 1## 0: make test skips make lint (e.g. while rerunning one test file)
 
 # Mirrors for the build only (docs/building.md: Building behind a mirror). make build hands them to the
 # build as BuildKit secrets, not build args: build args are written into the image history, and
@@ -66,7 +73,7 @@ DOCTOR_OPTS = --docker '$(DOCKER)' --image '$(REF)' --base '$(BASE_IMAGE)' $(ROW
   --container '$(CONTAINER)' --port PORT_JUPYTER=$(PORT_JUPYTER) --port PORT_SSH=$(PORT_SSH)
 preflight   = $(if $(filter 0,$(PREFLIGHT)),,python3 scripts/doctor.py preflight --for $(1) $(DOCTOR_OPTS))
 
-.PHONY: help build run shell test smoke lint clean base-standin mirror-base test-deps bench generate
+.PHONY: help build run shell test smoke lint clean base-standin mirror-base test-deps bench generate host-setup
 
 # make help lists these first, then every other target with a `## ` comment as a maintainer's.
 HELP_EVERYDAY := help doctor build run ssh logs stop shell smoke clean
@@ -139,7 +146,13 @@ $(TEST_VENV)/.done: tests/requirements.txt docker/build/requirements.txt Makefil
 
 test-deps: $(TEST_VENV)/.done ## Make the host-side test virtualenv (.venv-test)
 
-test: build test-deps ## Build, then run the host-side test suite (tests/) against REF
+# A fresh Debian/Ubuntu host needs more than Docker for the suite (chromium, node, a registry, ...):
+# scripts/host_setup.py installs what is missing (root, or sudo) and starts a stopped dockerd, or
+# stops with the command to run. Serial make builds the prerequisites in this order.
+host-setup: ## Install what make test needs (apt-get as root or via sudo), start dockerd; else print the command
+	@python3 scripts/host_setup.py setup --docker '$(DOCKER)' $(if $(filter $(STANDIN_IMAGE),$(BASE_IMAGE)),--standin)
+
+test: $(if $(filter 0,$(HOST_SETUP)),,host-setup) $(if $(filter 0,$(LINT)),,lint) build test-deps ## Set up this host (host-setup), lint, build, then run the host-side test suite (tests/) against REF
 	IMAGE_REF=$(REF) ROW=$(ROW) BASE_IMAGE=$(BASE_IMAGE) PYTHON_VERSION=$(PYTHON_VERSION) CA_BUNDLE=$(CA_BUNDLE) \
 	  $(TEST_VENV)/bin/pytest $(TESTS) $(PYTEST_ARGS)
 
@@ -162,7 +175,7 @@ lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, actio
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.dependabot .github/dependabot.yml
 
 bench: build test-deps ## Start-up benchmark: docker run -> Jupyter, -> SSH login, docker stop
-	$(TEST_VENV)/bin/python scripts/bench_startup.py --image $(REF) --runs 5
+	$(TEST_VENV)/bin/python benchmarks/bench_startup.py --image $(REF) --runs 5
 
 base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped hosts, CI); PLATFORM=linux/arm64: an arm64 one
 	scripts/make-standin-base.sh

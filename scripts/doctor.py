@@ -20,26 +20,27 @@ Every outside probe can be pointed elsewhere (tests/test_doctor.py drives each c
   --infiniband DIR                     instead of /sys/class/infiniband
   --memlock KIB|unlimited              instead of this process's RLIMIT_MEMLOCK
   --disk-need-gb GB                    instead of BUILD_DISK_BYTES
+  --tools-path PATH                    where the test tools are looked for (scripts/host_setup.py)
 """
 import argparse
 import json
 import os
 import pathlib
-import pwd
 import re
 import resource
 import shutil
-import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import build_info
+import host_setup
 import versions
+from doctor_ports import check_container, check_ports, container_name
+from doctor_report import FAIL, OK, SKIP, WARN, Row, print_table
 
 MIN_DOCKER = (20, 10)
 # From Docker 23 `docker build` is buildx: with DOCKER_BUILDKIT=1 and no buildx plugin it stops
@@ -59,41 +60,10 @@ MEMLOCK_LARGE = 64 * 2**30
 PROBE_TIMEOUT = 3.0       # registry reachability: a reachable registry answers well within this
 DOCKER_TIMEOUT = 15.0     # docker version/info/ps/image inspect answer in well under a second
 GPU_RUN_TIMEOUT = 60.0    # one `docker run --rm ... nvidia-smi -L`
-# Docker's container names (daemon/names: RestrictedNamePattern).
-VALID_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
-
-OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
-
-
-class Row:
-    def __init__(self, status, check, finding, fix=()):
-        self.status, self.check, self.finding = status, check, finding
-        self.fix = [fix] if isinstance(fix, str) else list(fix)
-
-
 def version_tuple(text):
     """'20.10.24+dfsg1' -> (20, 10, 24); '525.60.13' -> (525, 60, 13); None when no number."""
     nums = re.findall(r"\d+", (text or "").split("+")[0].split("-")[0])
     return tuple(int(n) for n in nums) or None
-
-
-def sanitise(text):
-    """Runs of characters Docker refuses in a name become one dash; no dash, dot or underscore
-    at either end (Docker wants a letter or digit first; a trailing dash reads as a lost part)."""
-    return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-_.")
-
-
-def container_name(image, user):
-    """IMAGE-USER as a valid Docker name: a namespace or tag (ml/team-dl:dev) becomes dashes, an
-    unset USER (root shells, CI, sudo) falls back to the account name (`id -un`), and no name
-    ever ends in a dash."""
-    if not user:
-        try:
-            user = pwd.getpwuid(os.getuid()).pw_name
-        except KeyError:  # a UID with no passwd entry (docker run --user 1234): no suffix
-            user = ""
-    name = "-".join(p for p in (sanitise(image), sanitise(user)) if p)
-    return name if VALID_NAME.match(name) else f"team-dl-{name}".strip("-")
 
 
 class Host:
@@ -443,87 +413,6 @@ def check_base(h, image, base, target, image_suffices=False):
     return [Row(FAIL, "base image", finding, standin_fix(h, target))]
 
 
-def port_holders(h, port):
-    """Names of containers publishing host port `port`."""
-    rx = re.compile(rf"(?:^|[\s,])[\w.:\[\]]*:{port}->")
-    return [c.get("Names", "?") for c in h.containers()
-            if c.get("State") == "running" and rx.search(c.get("Ports") or "")]
-
-
-def port_free(port):
-    """Can make run's `-p PORT:...` bind it? Docker binds every address, as this does; address
-    reuse on, as Docker's proxy has it, so only a listener (not TIME_WAIT) counts as taken."""
-    for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
-        try:
-            s = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:  # no IPv6 on this host
-            continue
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            s.bind((addr, port))
-        except OSError as e:
-            if e.errno != 99:  # EADDRNOTAVAIL: IPv6 disabled, not a taken port
-                return False
-        finally:
-            s.close()
-    return True
-
-
-def check_ports(h, ports, container, strict):
-    rows = []
-    others = {p for _, p in ports}
-    for var, port in ports:
-        if not 1 <= port <= 65535:
-            rows.append(Row(FAIL, f"port {port}", f"{var}={port} is not a TCP port",
-                            f"make run {var}=<1..65535>"))
-            continue
-        if port_free(port):
-            rows.append(Row(OK, f"port {port}", f"{var}={port} is free"))
-            continue
-        nxt = next((p for p in range(port + 1, min(port + 200, 65536))
-                    if p not in others and port_free(p)), None)
-        holders = port_holders(h, port)
-        by = f" by container {', '.join(holders)}" if holders else " by another program"
-        fix = [f"make run {var}={nxt}" + (" (the next free port)" if nxt else "")]
-        if holders and container in holders:
-            rows.append(Row(FAIL if strict else WARN, f"port {port}",
-                            f"{var}={port} is taken by your running {container}",
-                            ["make stop, then make run again; or make logs for its URL"] + fix))
-            continue
-        if holders:
-            fix.append(f"or stop that container: docker stop {holders[0]}")
-        else:
-            fix.append(f"or find the program: ss -ltnp 'sport = :{port}'")
-        rows.append(Row(FAIL, f"port {port}", f"{var}={port} is in use{by}", fix))
-    return rows
-
-
-def check_container(h, container, strict):
-    if not VALID_NAME.match(container):
-        good = sanitise(container)
-        good = good if VALID_NAME.match(good) else f"team-dl-{good}".strip("-")
-        return [Row(FAIL, "container name", f"CONTAINER={container!r} is not a valid Docker name "
-                    "(letters, digits, _ . -; starting with a letter or digit)",
-                    f"make run CONTAINER={good}")]
-    same = [c for c in h.containers() if c.get("Names") == container]
-    if not same:
-        return [Row(OK, "container name", f"{container} (no container of that name yet)")]
-    c = same[0]
-    if c.get("State") == "running":
-        return [Row(FAIL if strict else WARN, "container name",
-                    f"{container} is already running ({c.get('Status', '')}, {c.get('Image', '')})",
-                    [(f"reach it: make logs (the ==> READY line has the JupyterLab URL), or "
-                     f"docker attach {container}"),
-                     "stop it: make stop",
-                     ("or start a second one: make run CONTAINER=<other name> PORT_JUPYTER=<port> "
-                     "PORT_SSH=<port>")])]
-    return [Row(FAIL if strict else WARN, "container name",
-                f"a stopped container named {container} exists ({c.get('Status', '')})",
-                "remove it: make stop (or docker rm " + container + ")")]
-
-
 def check_shm(_h):
     return [Row(OK, "/dev/shm", "make run, shell and smoke pass --shm-size=8g (Docker's default, "
                 "64 MiB, starves DataLoader workers; plain docker run: --shm-size=8g or --ipc=host)")]
@@ -546,6 +435,21 @@ def check_memlock(h):
                                 "\"memlock\", \"Soft\": -1, \"Hard\": -1}}, then restart docker")])]
 
 
+def check_test_tools(o):
+    """What make test needs beyond make run: scripts/host_setup.py's list (make host-setup,
+    which make test runs first, installs it); a warning, as make run and build do without."""
+    args = ["check", "--docker", o.docker] + (["--path", o.tools_path] if o.tools_path else [])
+    standin = o.base == versions.DATA["standin"]["image"]
+    h = host_setup.Host(host_setup.parse(args + (["--standin"] if standin else [])))
+    tools = host_setup.TOOLS + (host_setup.STANDIN_TOOLS if standin else [])
+    need = host_setup.missing(h, tools)
+    if not need:
+        return [Row(OK, "test tools", f"make test's tools are here ({', '.join(t.name for t in tools)})")]
+    return [Row(WARN, "test tools", f"make test needs {host_setup.describe(need)}",
+                ["make test installs them (make host-setup; root or sudo), or run:",
+                 "  " + host_setup.install_command(h, host_setup.packages(h, need))])]
+
+
 # ---------------------------------------------------------------- the commands
 
 
@@ -563,7 +467,7 @@ def doctor(h, o, row):
     if docker_ok:
         rows += check_container(h, o.container, strict=False)
     rows += check_shm(h) + check_memlock(h)
-    return rows
+    return rows + check_test_tools(o)
 
 
 def preflight(h, o, row):
@@ -578,31 +482,6 @@ def preflight(h, o, row):
     if building:
         rows += check_buildkit(h) + check_base(h, o.image, o.base, o.target)
     return rows
-
-
-def print_table(rows, header, quiet):
-    shown = [r for r in rows if not quiet or r.status in (WARN, FAIL)]
-    if not shown:
-        return
-    width = max(len(r.check) for r in shown) + 2
-    indent = " " * (2 + 6 + width)
-    # Prose wraps to the terminal; a line that starts with spaces is a command to copy: kept whole.
-    cols = max(80, min(shutil.get_terminal_size((110, 24)).columns, 130)) - len(indent)
-
-    def wrap(text, first, more):
-        if text.startswith(" "):
-            return [first + text]
-        lines = textwrap.wrap(text, cols - len(more), break_long_words=False,
-                              break_on_hyphens=False)
-        return [first + lines[0]] + [indent + more + ln for ln in lines[1:]]
-
-    if header:
-        print(header)
-    for r in shown:
-        out = wrap(r.finding, f"  {r.status:<5} {r.check:<{width}}", "")
-        for i, line in enumerate(r.fix):
-            out += wrap(line, indent + ("fix: " if i == 0 else "     "), "     ")
-        print("\n".join(out))
 
 
 def port_arg(text):
@@ -630,6 +509,7 @@ def parse(argv):
     p.add_argument("--infiniband", default="/sys/class/infiniband")
     p.add_argument("--memlock", default=None)
     p.add_argument("--disk-need-gb", type=float, default=None)
+    p.add_argument("--tools-path", default=None)
     o = p.parse_args(argv)
     row = versions.row(o.row)
     if o.command == "name":

@@ -3,6 +3,7 @@
 fp16 autocast + GradScaler also run on CPU (torch.amp.GradScaler("cpu")), so a CPU-only CI still
 proves the step logic; bf16 is the CPU default for the dtype-placement tests."""
 import ast
+import importlib.util
 import pathlib
 
 import pytest
@@ -133,10 +134,16 @@ def _half_calls(path):
 
 
 def test_amp_code_never_casts_models_by_hand():
-    """No `.half()` call anywhere in the suite or train_amp.py: autocast does the casting."""
+    """No `.half()` call anywhere in the suite, train_amp.py or its package: autocast does the
+    casting."""
     here = pathlib.Path(__file__).resolve().parent
     files = sorted(here.glob("*.py"))
     files += [p for p in (here.parent / "train_amp.py", pathlib.Path("/usr/local/bin/train_amp.py"))
               if p.is_file()]
+    package = here.parent / "trainamp"
+    if not package.is_dir():  # in the image: installed in the venv's site-packages
+        spec = importlib.util.find_spec("trainamp")
+        package = pathlib.Path(spec.origin).parent if spec else None
+    files += sorted(package.rglob("*.py")) if package else []
     found = [hit for f in files for hit in _half_calls(f)]
     assert not found, f"manual .half() casts (use torch.autocast instead): {found}"

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 
 def _train_amp():
-    """train_amp imported the one documented way (see the top of train_amp.py): its folder
-    first on sys.path. It is beside smoke_tests/ in the repository, in /usr/local/bin in the
-    image."""
+    """train_amp imported the one documented way (see trainamp/api.py): its folder first on
+    sys.path. It is beside smoke_tests/ in the repository, in /usr/local/bin in the image; its
+    package trainamp beside it, or in the venv's site-packages."""
     here = pathlib.Path(__file__).resolve().parent
     for folder in (here.parent, pathlib.Path("/usr/local/bin")):
         if (folder / "train_amp.py").is_file():
@@ -142,7 +142,8 @@ def test_device_batches_are_right_when_their_crops_lag_behind_the_next_decode(mo
         torch.cuda._sleep(50_000_000)  # ~25 ms queued ahead of the crop on the batch stream
         return crop(*args)
 
-    monkeypatch.setattr(ta, "crop_to_batch", lagging)
+    # Where decode_on_device looks it up (replacing train_amp's name would change nothing).
+    monkeypatch.setattr(importlib.import_module("trainamp.data.device"), "crop_to_batch", lagging)
     try:
         got = [x.clone() for x, _ in batches]
     finally:
@@ -201,7 +202,8 @@ def test_cuda_graphs_replay_the_compiled_step_and_train_the_same_losses():
         torch._dynamo.reset()
         torch.manual_seed(0)
         net = ta.build_model("resnet18", 10, 32).to(dev).to(memory_format=torch.channels_last)
-        model, compiled, graphs = ta.wrap_model(net, args, dev, ta.Ranks())
+        model, compiled, graphs = ta.wrap_model(net, ta.resolve_plan(args, dev, ta.Ranks()),
+                                                ta.Ranks())
         assert compiled and graphs == (flag == "on")
         opt = ta.make_optimizer(net, args, 0.05, dev, torch.bfloat16)
         scaler = torch.amp.GradScaler("cuda", enabled=False)
@@ -263,13 +265,14 @@ def test_a_save_whose_temp_file_vanished_is_not_called_a_full_disk(monkeypatch, 
     """A save that fails for another reason than space (here its temp file removed by someone
     else before the rename) should say what happened, not 'free space' or 'the disk is full'."""
     ta = _train_amp()
-    real_fsync = ta.fsync
+    checkpoint = importlib.import_module("trainamp.checkpoint")  # where save_checkpoint calls it
+    real_fsync = checkpoint.fsync
 
     def fsync_then_vanish(path):
         real_fsync(path)
         if str(path).endswith(".tmp"):
             pathlib.Path(path).unlink()
-    monkeypatch.setattr(ta, "fsync", fsync_then_vanish)
+    monkeypatch.setattr(checkpoint, "fsync", fsync_then_vanish)
     with pytest.raises(ta.SaveFailed) as err:
         ta.save_checkpoint(tmp_path / "ck" / "last.pt", {"w": torch.zeros(4)})
     msg = str(err.value)

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # scripts/ is no package: tests import its modules (build_info, versions, generate) by name.
 sys.path.insert(0, str(ROOT / "scripts"))
 ARTIFACTS = ROOT / "artifacts"
+
+
+def require_tool(command, package):
+    """The path of a host tool a test needs; missing, the test fails naming its Debian package and
+    `make host-setup` (which `make test` runs first: scripts/host_setup.py installs it)."""
+    path = shutil.which(command) or shutil.which(command, path="/usr/local/sbin:/usr/sbin:/sbin")
+    if not path:
+        pytest.fail(f"{command} is not installed: make host-setup installs it "
+                    f"(or: apt-get install {package})")
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -204,12 +215,7 @@ def host_port(container, port):
 def local_registry(docker_client, tmp_path):
     """A real registry (Debian's docker-registry) on 127.0.0.1:<a port it binds itself>, storing
     in tmp_path. Yields 'host:port'; stops it and removes every local tag pointing at it afterwards."""
-    import shutil
-    import subprocess
-
-    binary = shutil.which("docker-registry")
-    if not binary:
-        pytest.fail("docker-registry is not installed: apt-get install docker-registry")
+    binary = require_tool("docker-registry", "docker-registry")
     config = tmp_path / "registry.yml"
     # Port 0: the registry binds a free port itself and logs it ("listening on ..."; info level),
     # so no other process can take a port picked and released before the registry binds it.

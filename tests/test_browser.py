@@ -1,9 +1,8 @@
 """JupyterLab's UI really loads in a real browser: headless Debian chromium through selenium and
 chromedriver (apt-get install chromium chromium-driver). Keeps a screenshot in artifacts/."""
-import shutil
-
 import pytest
 import requests
+from conftest import require_tool
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -17,9 +16,7 @@ CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-sh
 
 @pytest.fixture
 def browser():
-    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chromium and chromedriver):
-        pytest.fail("chromium and chromedriver are needed: apt-get install -y chromium chromium-driver")
+    chromium, chromedriver = require_tool("chromium", "chromium"), require_tool("chromedriver", "chromium-driver")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for flag in CHROME_FLAGS:

@@ -37,7 +37,8 @@ def compose_command():
                 return cmd
         except FileNotFoundError:
             pass
-    pytest.fail("neither `docker compose` nor `docker-compose` works: apt-get install docker-compose")
+    pytest.fail("neither `docker compose` nor `docker-compose` works: make host-setup installs it "
+                "(or: apt-get install docker-compose)")
 
 
 @pytest.fixture
@@ -178,7 +179,8 @@ def devcontainer_cli():
                       shutil.which("devcontainer")):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
-    pytest.fail("no Dev Containers CLI: npm install --prefix .venv-test/npm @devcontainers/cli")
+    pytest.fail("no Dev Containers CLI: make test-deps installs it into .venv-test/npm (needs npm: "
+                "make host-setup)")
 
 
 def test_devcontainer_up_opens_the_workspace_as_dev_with_services(tmp_path, image_ref,

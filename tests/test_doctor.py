@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import host_setup  # scripts/ (conftest.py puts it on sys.path)
 import pytest
 from conftest import http_status_server
 
@@ -88,6 +89,13 @@ class FakeHost:
         self.smi = tmp_path / "nvidia-smi"
         self.ib = tmp_path / "infiniband"
         self.ib.mkdir()
+        # Every tool make test needs (scripts/host_setup.py), as stubs: the "test tools" row is OK
+        # whatever this machine has (tests/test_host_setup.py tests that row's warning).
+        self.tools = tmp_path / "tools"
+        self.tools.mkdir()
+        for tool in {c for t in host_setup.TOOLS + host_setup.STANDIN_TOOLS for c in t.commands} | {"docker-compose"}:
+            (self.tools / tool).write_text("#!/bin/sh\nexit 0\n")
+            (self.tools / tool).chmod(0o755)
         self.ports = [free_port(), free_port()]
         # A good GPU host: Docker 24 with buildx and the NVIDIA runtime, image and base here.
         self.state = {
@@ -121,6 +129,7 @@ class FakeHost:
                 "--image", image, "--base", base, "--container", container,
                 "--port", f"PORT_JUPYTER={self.ports[0]}", "--port", f"PORT_SSH={self.ports[1]}",
                 "--registry-probe", probe or closed_port_url(), "--infiniband", str(self.ib),
+                "--tools-path", str(self.tools),
                 "--disk-need-gb", str(disk_gb), *extra]
         # python3 -S: no site-packages, so this also proves the script needs the stdlib only.
         r = subprocess.run(["python3", "-S", str(ROOT / "scripts" / "doctor.py"), *args],

@@ -192,6 +192,37 @@ def test_pip_guard_check_notices_a_group_writable_constraints_file(run_in_image,
         f"the probe did not see dev write a group-writable constraints file: {seen}")
 
 
+# As dev, from /tmp: where trainamp imports from, how many of its files are not root's or are
+# group/other-writable, whether dev can add a module to it, how many of its modules have no
+# byte-compiled copy, and whether train_amp.py (on PATH) runs with it.
+TRAINAMP_PROBE = r"""
+cd /tmp
+pkg=$(python3 -c 'import os, trainamp; print(os.path.dirname(trainamp.__file__))') || exit 3
+echo "PKG $pkg"
+echo "NOT_ROOTS $(find "$pkg" \( ! -user root -o -perm /022 \) | wc -l)"
+if touch "$pkg/extra.py" 2>/dev/null; then echo "ADD writable"; else echo "ADD read-only"; fi
+for f in $(find "$pkg" -name '*.py'); do
+    ls "$(dirname "$f")/__pycache__/$(basename "$f" .py)".*.pyc >/dev/null 2>&1 || echo "UNCOMPILED $f"
+done
+train_amp.py --help >/dev/null && echo "HELP ok"
+"""
+
+
+def test_train_amp_package_is_roots_compiled_and_importable_anywhere(run_in_image, tmp_path):
+    """Container should hold train_amp.py's package trainamp in the venv: importable from any
+    folder, byte-compiled (a read-only root cannot cache it), root's and read-only for dev."""
+    code, out = run_in_image(["bash", "-c", TRAINAMP_PROBE])
+    assert code == 0, f"the probe failed (no trainamp to import?):\n{out}"
+    seen = dict(re.findall(r"^(PKG|NOT_ROOTS|ADD|HELP) (.*)$", out, re.MULTILINE))
+    assert seen.get("PKG", "").startswith("/opt/venv/lib/python3") and seen["PKG"].endswith(
+        "/site-packages/trainamp"), f"trainamp should import from the venv: {seen}\n{out}"
+    assert seen.get("NOT_ROOTS") == "0" and seen.get("ADD") == "read-only", (
+        f"trainamp should be root's and read-only for dev: {seen}\n{out}")
+    assert not re.search(r"^UNCOMPILED ", out, re.MULTILINE), (
+        f"modules without a byte-compiled copy:\n{out}")
+    assert seen.get("HELP") == "ok", f"train_amp.py --help failed:\n{out}"
+
+
 def _cublas_copies(run_in_image, before=""):
     code, out = run_in_image(
         ["bash", "-c", f"{before} find / -xdev \\( -name 'libcublas.so*' -o -name 'libcublasLt.so*' \\) -type f"],

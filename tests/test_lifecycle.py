@@ -12,6 +12,7 @@ from conftest import (
     ROOT,
     hook_mount,
     needs_root,
+    require_tool,
     version_row,
     wait_for_health,
     wait_for_log,
@@ -24,7 +25,7 @@ ISSUE_LINE = re.compile(r"^(WARN|ERROR)\b|^\[[WEC] ", re.MULTILINE)  # ours, and
 def public_key(tmp_path_factory):
     """A fresh ed25519 public key, so that sshd runs (it only starts with a key)."""
     key = tmp_path_factory.mktemp("ssh") / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    subprocess.run([require_tool("ssh-keygen", "openssh-client"), "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     return key.with_suffix(".pub").read_text().strip()
 
 

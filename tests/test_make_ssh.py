@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import host_port, wait_for_log, wait_until
+from conftest import host_port, require_tool, wait_for_log, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HELPER = ROOT / "scripts" / "ssh_key.py"
@@ -30,7 +30,7 @@ def make_key(directory, name="id_ed25519", comment="you@laptop"):
     """An ed25519 key pair made by ssh-keygen in `directory`; returns (private path, public line)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+    subprocess.run([require_tool("ssh-keygen", "openssh-client"), "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
                    check=True)
     return path, (directory / f"{name}.pub").read_text().strip()
 

@@ -20,7 +20,7 @@ import pytest
 import requests
 import versions
 import yaml
-from conftest import version_row
+from conftest import require_tool, version_row
 
 import docker
 
@@ -44,7 +44,7 @@ def make(*args):
 
 
 def git(repo, *args):
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+    return subprocess.run([require_tool("git", "git"), "-C", str(repo), *args], capture_output=True, text=True,
                           check=True).stdout.strip()
 
 

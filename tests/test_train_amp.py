@@ -81,7 +81,7 @@ def test_help_documents_every_option(run_in_image):
     for option in ("--model", "--data", "--epochs", "--steps", "--batch-size", "--lr", "--amp",
                    "--channels-last", "--compile", "--grad-clip", "--num-workers",
                    "--checkpoint-dir", "--resume", "--seed", "--benchmark", "--compare",
-                   "--tensorboard", "digits", "synthetic", "ImageFolder", "torchrun",
+                   "--tensorboard", "digits", "synthetic", "ImageFolder", "WebDataset", "KEY.cls", "torchrun",
                    "--overwrite", "--skip-bad-images", "exit status"):
         assert option in logs, f"--help does not mention {option}:\n{logs}"
 
@@ -340,11 +340,14 @@ def test_sigusr2_prints_every_threads_stack_and_training_goes_on(start_container
                          "--progress", "lines", "--checkpoint-dir", ""])
     wait_for_log(c, r"epoch 1/100 step 2/", timeout=300)
     c.kill(signal="SIGUSR2")
-    # Until the main thread's frame is in: faulthandler writes the dump a line at a time, and a
-    # read in the middle of it (one CI run) saw only the inner frames.
-    logs = wait_for_log(c, r"(?s)Current thread 0x.*train_amp\.py\", line \d+ in main", timeout=60)
+    # Until the main thread's outermost frame is in: faulthandler writes the dump a line at a
+    # time, and a read in the middle of it (one CI run) saw only the inner frames.
+    logs = wait_for_log(c, r"(?s)Current thread 0x.*train_amp\.py\", line \d+ in <module>",
+                        timeout=60)
     dump_at = logs.index("Current thread")
-    assert re.search(r"File \"/usr/local/bin/train_amp\.py\", line \d+ in main", logs[dump_at:]), (
+    assert re.search(r"File \"\S+/trainamp/main\.py\", line \d+ in main\n"
+                     r"\s*File \"/usr/local/bin/train_amp\.py\", line \d+ in <module>",
+                     logs[dump_at:]), (
         f"the dump should show the main thread inside train_amp.py's main:\n{logs[dump_at:][-3000:]}")
     # Steps logged after the dump: the signal did not stop or kill the run.
     after = wait_for_log(c, r"(?s)Current thread 0x.*\nepoch \d+/100 step \d+/8 .*\n"
@@ -886,16 +889,17 @@ def jpeg(h, w):
 ref_train = T.Compose([T.RandomResizedCrop(224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
                                            antialias=True), T.RandomHorizontalFlip(), T.PILToTensor()])
 ref_val = T.Compose([T.Resize(256, antialias=True), T.CenterCrop(224), T.PILToTensor()])
-train, val = train_amp.image_transforms(224)
-scales, draft = [], train_amp.draft_jpeg
-def spy(img, need):
-    scales.append(draft(img, need))
+import trainamp.data.cpu
+scales, draft = [], trainamp.data.cpu.draft_jpeg
+def spy(*args):
+    scales.append(draft(*args))
     return scales[-1]
-train_amp.draft_jpeg = spy
+trainamp.data.cpu.draft_jpeg = spy  # where the transforms look it up
 out = {}
 for name, data in (("photo", jpeg(1836, 3264)), ("imagenet", jpeg(375, 500))):
     for on in (False, True):
-        train_amp.JPEG_DRAFT, key = on, f"{name} draft {'on' if on else 'off'}"
+        train, val = train_amp.image_transforms(224, train_amp.DecodeOptions(jpeg_draft=on))
+        key = f"{name} draft {'on' if on else 'off'}"
         scales.clear()
         diffs, same_draws = [], 0
         for seed in range(24):
@@ -943,8 +947,9 @@ import json, sys, torch
 sys.path.insert(0, "/usr/local/bin")
 import train_amp
 
+import trainamp.data.prefetch
 passes, trained = [], []
-iterate, decode = torch.utils.data.DataLoader.__iter__, train_amp.decode_on_device
+iterate, decode = torch.utils.data.DataLoader.__iter__, trainamp.data.prefetch.decode_on_device
 def counting(self):
     passes.append(type(self.batch_sampler).__name__)
     return iterate(self)
@@ -952,7 +957,8 @@ def recording(packed, train, *a, **k):
     if train:
         trained.append(list(packed[2]))
     return decode(packed, train, *a, **k)
-torch.utils.data.DataLoader.__iter__, train_amp.decode_on_device = counting, recording
+# where DeviceBatches looks it up
+torch.utils.data.DataLoader.__iter__, trainamp.data.prefetch.decode_on_device = counting, recording
 out = {}
 for name, start in (("whole", None), ("resumed", (1, 1))):
     passes.clear(); trained.clear()
@@ -1002,16 +1008,17 @@ VAL_WORKERS_END = r"""
 import gc, json, multiprocessing, sys, torch
 sys.path.insert(0, "/usr/local/bin")
 import train_amp
+import trainamp.trainer
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 gc.disable()
-after, evaluate = [], train_amp.evaluate
+after, evaluate = [], trainamp.trainer.evaluate
 def counting(*a, **k):
     result = evaluate(*a, **k)
     after.append({"workers": len(multiprocessing.active_children()),
                   "iterators": sum(isinstance(o, _MultiProcessingDataLoaderIter)
                                    for o in gc.get_objects())})
     return result
-train_amp.evaluate = counting
+trainamp.trainer.evaluate = counting  # where the trainer looks it up
 args = train_amp.build_parser().parse_args([
     "--data", "imgs", "--decode", "device", "--model", "resnet18", "--image-size", "32",
     "--batch-size", "16", "--epochs", "3", "--num-workers", "2", "--checkpoint-dir", "",
@@ -1134,15 +1141,14 @@ boxes = train_amp.random_crop_boxes(shapes, gen)
 boxes[0] = torch.tensor([0., 0., 50., 37.])  # the whole image: samples on every edge
 flip = torch.rand(len(imgs), generator=gen) < 0.5
 flip[:2] = torch.tensor([True, False])
-worst, one_group = {}, train_amp.PAD_GROUP_ELEMS
+worst, one_group = {}, train_amp.DecodeOptions().pad_group_elems
 for channels_last in (False, True):
     for group_elems in (one_group, 3 * 40 * 60):
-        train_amp.PAD_GROUP_ELEMS = group_elems
         for size in (16, 24):
-            train_amp.FUSED_CROP = True
-            fused = train_amp.crop_to_batch(imgs, boxes, flip, size, channels_last)
-            train_amp.FUSED_CROP = False
-            ref = train_amp.crop_to_batch(imgs, boxes, flip, size, channels_last)
+            fused, ref = (train_amp.crop_to_batch(imgs, boxes, flip, size, channels_last,
+                                                  train_amp.DecodeOptions(fused_crop=on,
+                                                                          pad_group_elems=group_elems))
+                          for on in (True, False))
             key = f"cl={channels_last} groups={group_elems} size={size}"
             assert fused.is_contiguous(memory_format=torch.channels_last if channels_last
                                        else torch.contiguous_format), key
@@ -1278,18 +1284,18 @@ def test_compile_tuned_turns_on_kernel_tuning_and_trains(run_in_image):
 
 
 def run_repo_script(run_in_image, script):
-    """Run a bash line in the image with the repository's scripts/ at /repo/scripts (they are not
-    in the image); fail with the logs unless it exits 0. Returns the logs."""
+    """Run a bash line in the image with the repository's benchmarks/ at /repo/benchmarks (they
+    are not in the image); fail with the logs unless it exits 0. Returns the logs."""
     code, logs = run_in_image(["bash", "-c", script], timeout=600,
-                              volumes={str(ROOT / "scripts"): {"bind": "/repo/scripts",
-                                                               "mode": "ro"}})
+                              volumes={str(ROOT / "benchmarks"): {"bind": "/repo/benchmarks",
+                                                                  "mode": "ro"}})
     assert code == 0, f"{script.split()[1]} exited {code}:\n{logs}"
     return logs
 
 
 def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
-    """scripts/bench_amp.py (the GPU benchmark) should run its parts end to end: tiny on CPU."""
-    script = ("python /repo/scripts/bench_amp.py --device cpu --model resnet18 --image-size 32"
+    """benchmarks/bench_amp.py (the GPU benchmark) should run its parts end to end: tiny on CPU."""
+    script = ("python /repo/benchmarks/bench_amp.py --device cpu --model resnet18 --image-size 32"
               " --batch-size 8 --steps 1 --warmup-steps 1 --only matrix-eager,jpeg"
               " --precisions fp32-strict,amp-bf16 --jpeg-images 48 --jpeg-dir /tmp/jpegs"
               " --out /tmp/bench.json && cat /tmp/bench.json")
@@ -1303,10 +1309,10 @@ def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
 
 
 def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_image):
-    """scripts/bench_input.py (synthetic vs JPEG images/s) should make its JPEGs and tar shards and
+    """benchmarks/bench_input.py (synthetic vs JPEG images/s) should make its JPEGs and tar shards and
     print images/s per --decode path with the ratio to synthetic data, over interleaved rounds
     with --repeat (median and range): tiny, on CPU."""
-    script = ("python /repo/scripts/bench_input.py --device cpu --model resnet18 --image-size 32"
+    script = ("python /repo/benchmarks/bench_input.py --device cpu --model resnet18 --image-size 32"
               " --batch-size 16 --images 64 --classes 4 --max-side 96 --epochs 2"
               " --rows synthetic,device,tar --repeat 2 --jpeg-dir /tmp/bi --out /tmp/bi.json"
               " && cat /tmp/bi.json")
@@ -1329,7 +1335,7 @@ def bench_report_logs(run_in_image, body):
     report(images, rows): a ResNet-50 batch-256 report of those rows, made up, no training."""
     return run_repo_script(run_in_image, f"""python - <<'EOF'
 import sys
-sys.path.insert(0, "/repo/scripts")
+sys.path.insert(0, "/repo/benchmarks")
 import bench_input
 def report(images, rows):
     bench_input.print_report({{
@@ -1377,7 +1383,7 @@ def test_bench_input_replay_rows_stop_the_loader_and_decode_once(run_in_image):
     """bench_input.py's device-replay row should take only the first epoch's batches from the
     loader and replay them (every batch still decoded), device-decode-once should also decode
     each kept batch only once: what the README's figures for them rest on."""
-    script = ("python /repo/scripts/bench_input.py --device cpu --model resnet18 --image-size 32"
+    script = ("python /repo/benchmarks/bench_input.py --device cpu --model resnet18 --image-size 32"
               " --batch-size 16 --images 64 --classes 4 --max-side 96 --epochs 3"
               " --rows device-replay,device-decode-once --jpeg-dir /tmp/bi --out /tmp/bi.json"
               " && cat /tmp/bi.json")
@@ -1390,16 +1396,16 @@ def test_bench_input_replay_rows_stop_the_loader_and_decode_once(run_in_image):
 
 
 def test_bench_amp_compiles_as_a_uid_without_a_passwd_entry(run_in_image):
-    """scripts/bench_amp.py started without the entrypoint as a UID with no passwd entry (as
+    """benchmarks/bench_amp.py started without the entrypoint as a UID with no passwd entry (as
     pyxis or a Kubernetes `command:` start it) should still torch.compile: Inductor names its
     cache after the user."""
-    script = ("python /repo/scripts/bench_amp.py --device cpu --model resnet18 --image-size 32"
+    script = ("python /repo/benchmarks/bench_amp.py --device cpu --model resnet18 --image-size 32"
               " --batch-size 8 --steps 1 --warmup-steps 1 --only tuned --out /tmp/bench.json"
               " && cat /tmp/bench.json")
     code, logs = run_in_image(["bash", "-c", script], timeout=600, entrypoint="",
                               user="12345:12345",
-                              volumes={str(ROOT / "scripts"): {"bind": "/repo/scripts",
-                                                               "mode": "ro"}})
+                              volumes={str(ROOT / "benchmarks"): {"bind": "/repo/benchmarks",
+                                                                  "mode": "ro"}})
     assert code == 0, f"bench_amp.py exited {code}:\n{logs}"
     report = json.loads(logs[logs.index("\n{") + 1:])
     runs = [m for m in report["matrix"] if m.get("compile") == "tuned"]
@@ -1488,10 +1494,12 @@ TRAIN_AMP_PROBE = r"""
 import json, os, signal, sys, torch
 sys.path.insert(0, "/usr/local/bin")
 import train_amp
+import trainamp.trainer
 from torch._dynamo.utils import counters
 label, argv = sys.argv[1], sys.argv[2:]
 seen = {"conv_out_dtype": set(), "conv_in_nhwc": set(), "conv_weight_nhwc": set(), "tf32": set(), "steps": 0}
-real_build, real_step, real_load = train_amp.build_model, train_amp.train_step, train_amp.load_checkpoint
+trainer = trainamp.trainer  # the spies replace the functions where the trainer looks them up
+real_build, real_step, real_load = trainer.build_model, trainer.train_step, trainer.load_checkpoint
 def build_model(*a, **k):
     net = real_build(*a, **k)
     conv = next(m for m in net.modules() if isinstance(m, torch.nn.Conv2d))
@@ -1514,7 +1522,7 @@ def load_checkpoint(*a, **k):
     if os.environ.get("PROBE_BREAK_RESUME"):
         ckpt.update(epoch=0, step_in_epoch=0, global_step=0, history=[])
     return ckpt
-train_amp.build_model, train_amp.train_step, train_amp.load_checkpoint = build_model, train_step, load_checkpoint
+trainer.build_model, trainer.train_step, trainer.load_checkpoint = build_model, train_step, load_checkpoint
 code = train_amp.main(argv)
 seen = {k: sorted(v) if isinstance(v, set) else v for k, v in seen.items()}
 seen.update(exit=code, graphs=counters["stats"]["unique_graphs"], inductor=dict(counters["inductor"]))

@@ -16,7 +16,9 @@ source /usr/local/lib/team/user.sh
 #                  exports NB_UID NB_GID NB_HOME (the user as remapped, and its writable home)
 #   15-cache.sh    reads   WORKSPACE_MOUNTED NB_UID
 #                  exports XDG_CACHE_HOME TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
-#   20-checks.sh   reads   /usr/share/team-image/versions.json (the build's record); sets nothing
+#   20-checks.sh   reads   /usr/share/team-image/versions.json (the build's record)
+#                  sets    GPUS_AT_START ("index, name" of each GPU nvidia-smi lists)
+#   25-gpu-record.sh reads GPUS_AT_START; writes /run/team/gpus (for the healthcheck)
 #   30-ssh.sh      reads   START_SERVICES ROOT_READONLY; exports SSHD_ENABLED; unsets PUBLIC_KEY
 #   35-env.sh      reads   ROOT_READONLY; writes /etc/team/environment (for SSH sessions, tmux)
 #   40-jupyter.sh  reads   START_SERVICES ROOT_READONLY SSHD_ENABLED

@@ -1,6 +1,8 @@
 # shellcheck shell=bash
 # Setup step (sourced): start-up checks that print the exact fix (/dev/shm, GPU, driver, GPU
 # architecture) and a short banner. Fast on purpose: nvidia-smi and versions.json, no torch import.
+# Sets GPUS_AT_START: "index, name" of each GPU nvidia-smi listed, one a line; empty without one
+# (25-gpu-record.sh keeps it for the healthcheck).
 
 # _check_shm_and_memlock: /dev/shm big enough for DataLoader workers and NCCL; with RDMA devices,
 # a locked-memory limit NCCL can register its buffers under.
@@ -26,6 +28,8 @@ _check_shm_and_memlock() {
 
 _checks_step() {
   local versions=/usr/share/team-image/versions.json
+  # shellcheck disable=SC2034  # read by 25-gpu-record.sh
+  GPUS_AT_START=""
   _check_shm_and_memlock
 
   # One python3 start (no torch) reads the build's record (versions.json's row, checked against
@@ -75,6 +79,8 @@ _check_gpus() {
     log_warn "nvidia-smi is present but lists no GPU ($(printf '%s' "$gpus" | head -n 1)). Fix: check the host driver (nvidia-smi on the host) and run with --gpus all"
     return 0
   fi
+  # shellcheck disable=SC2034  # read by 25-gpu-record.sh
+  GPUS_AT_START=$(cut -d, -f1,2 <<< "$gpus")
 
   # torch.cuda.get_arch_list() is empty without a GPU, so a build on a CPU host may have stored
   # none: ask the compiled-in list then (GPU hosts only, about 1 s).

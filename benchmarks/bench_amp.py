@@ -5,7 +5,7 @@ AMP bf16, each with and without channels_last and torch.compile; then train_amp.
 flags, the defaults with --compile tuned, and an ImageFolder of JPEGs (input pipeline vs GPU).
 Prints markdown, writes JSON.
 
-    python scripts/bench_amp.py --out /tmp/bench_amp.json
+    python benchmarks/bench_amp.py --out /tmp/bench_amp.json
 
 Everything runs through train_amp.py's own benchmark()/train() so the figures are the tool's.
 A time budget (default 450 s) skips what would not fit and says so; --only reruns a subset.
@@ -21,7 +21,7 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-# train_amp is imported the one documented way (see the top of train_amp.py): its folder first
+# train_amp is imported the one documented way (see trainamp/api.py): its folder first
 # on sys.path. It lives at the repository root, and at /usr/local/bin in the image.
 for p in (HERE.parent, pathlib.Path("/usr/local/bin")):
     if (p / "train_amp.py").is_file():

@@ -2,7 +2,7 @@
 """Start-up benchmark: time from `docker run` to JupyterLab answering, to the first SSH key login,
 and how long `docker stop` takes; median of N runs, printed as a table. Not a test: figures only.
 
-    .venv-test/bin/python scripts/bench_startup.py --image team-dl:<tag> --runs 5
+    .venv-test/bin/python benchmarks/bench_startup.py --image team-dl:<tag> --runs 5
 """
 import argparse
 import io

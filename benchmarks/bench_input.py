@@ -3,7 +3,7 @@
 on synthetic data and on an ImageNet-like JPEG set it makes, per --decode path, and prints
 images/s over whole epochs (the first, warm-up/compile epoch excluded) and the JPEG/synthetic ratio.
 
-    python scripts/bench_input.py --out /tmp/bench_input.json
+    python benchmarks/bench_input.py --out /tmp/bench_input.json
 
 Every row is train_amp.train() with the default flags (AMP, channels_last, torch.compile on a
 GPU), in this process, one after the other (--repeat N: all the rows N times, interleaved,
@@ -24,7 +24,7 @@ import tarfile
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-# train_amp is imported the one documented way (see the top of train_amp.py): its folder first
+# train_amp is imported the one documented way (see trainamp/api.py): its folder first
 # on sys.path. It lives at the repository root, and at /usr/local/bin in the image.
 for p in (HERE.parent, pathlib.Path("/usr/local/bin")):
     if (p / "train_amp.py").is_file():
@@ -33,6 +33,7 @@ for p in (HERE.parent, pathlib.Path("/usr/local/bin")):
 import torch
 
 import train_amp
+import trainamp.data.device  # row_settings' decode counter replaces decode_jpegs there
 
 # The device-gil row's thread switch interval (Python's default: 5 ms).
 GIL_SWITCH_S = 0.0005
@@ -133,9 +134,11 @@ def row_settings(name):
     """What an ablation row changes, for the length of the row: device-roi crops by roi_align
     instead of the Triton kernel, device-gil shortens Python's thread switch interval,
     device-replay feeds the device path's thread from Replay, device-decode-once also decodes
-    each kept batch once. Yields the row's counts of batches loaded, replayed and decoded."""
+    each kept batch once. Yields (the row's counts of batches loaded, replayed and decoded, the
+    DecodeOptions to train with)."""
     switch = sys.getswitchinterval()
-    passes, decode = train_amp.DeviceBatches.passes, train_amp.decode_jpegs
+    device = trainamp.data.device  # where decode_on_device looks decode_jpegs up
+    passes, decode = train_amp.DeviceBatches.passes, device.decode_jpegs
     stats = {"loaded": 0, "replayed": 0, "decoded": 0}
     decoded = {}
 
@@ -155,21 +158,20 @@ def row_settings(name):
             decoded[datas[0].data_ptr()] = result
         return result
 
-    train_amp.FUSED_CROP = name != "device-roi"
-    train_amp.JPEG_DRAFT = name != "workers-full"
+    options = train_amp.DecodeOptions(fused_crop=name != "device-roi",
+                                      jpeg_draft=name != "workers-full")
     if name == "device-gil":
         sys.setswitchinterval(GIL_SWITCH_S)
     if name in ("device-replay", "device-decode-once"):
-        train_amp.DeviceBatches.passes, train_amp.decode_jpegs = replaying, counting
+        train_amp.DeviceBatches.passes, device.decode_jpegs = replaying, counting
     try:
-        yield stats
+        yield stats, options
     finally:
-        train_amp.FUSED_CROP = train_amp.JPEG_DRAFT = True
         sys.setswitchinterval(switch)
-        train_amp.DeviceBatches.passes, train_amp.decode_jpegs = passes, decode
+        train_amp.DeviceBatches.passes, device.decode_jpegs = passes, decode
 
 
-def run(label, a, data, extra=()):
+def run(label, a, data, extra=(), options=None):
     argv = ["--data", data, "--model", a.model, "--batch-size", str(a.batch_size),
             "--image-size", str(a.image_size), "--epochs", str(a.epochs), "--checkpoint-dir", "",
             "--progress", "none", "--device", a.device, *extra]
@@ -180,12 +182,14 @@ def run(label, a, data, extra=()):
         torch.cuda.empty_cache()
     row, t0 = {"label": label, "argv": argv}, time.perf_counter()
     try:
-        r = train_amp.train(args, train_amp.Ranks(), a.dev, train_amp.StopRequest(),
-                            label=f"[{label}]")
+        trainer = train_amp.Trainer(args, train_amp.Ranks(), a.dev, train_amp.StopRequest(),
+                                    label=f"[{label}]",
+                                    options=options or train_amp.DecodeOptions())
+        r = trainer.run()
         eps = [h["steps"] * a.batch_size / h["epoch_time_s"] for h in r["history"]]
         row.update(epoch_ips=eps, ips=statistics.median(eps[1:]) if len(eps) > 1 else eps[0],
                    compile=r["compile"], cuda_graphs=r["cuda_graphs"], amp=r["config"]["amp"],
-                   channels_last=r["channels_last"], decode=getattr(args, "decode_used", None),
+                   channels_last=r["channels_last"], decode=trainer.decode,
                    train_acc=r["history"][-1]["train_acc"])
         if row["decode"] == "workers":
             row.update(steps_per_epoch=r["history"][0]["steps"], num_workers=(
@@ -243,20 +247,20 @@ def digits_accuracy(a, root):
 def cpu_decode_rate(folder, image_size, files=256, rounds=3):
     """Images/s of one CPU core running the workers' transforms (open, decode, crop or resize,
     flip, to tensor) on the set's first `files` JPEGs, JPEGs decoded at a reduced scale where
-    the crop allows (train_amp.JPEG_DRAFT) and at full scale, in alternating rounds (medians)."""
+    the crop allows (DecodeOptions.jpeg_draft) and at full scale, in alternating rounds
+    (medians)."""
     paths = sorted(pathlib.Path(folder).rglob("*.jpg"))[:files]
-    train_tf, val_tf = train_amp.image_transforms(image_size)
     times = {}
     for _ in range(rounds):
         for draft in (True, False):
-            train_amp.JPEG_DRAFT = draft
-            for split, tf in (("train", train_tf), ("val", val_tf)):
+            transforms = train_amp.image_transforms(image_size,
+                                                    train_amp.DecodeOptions(jpeg_draft=draft))
+            for split, tf in zip(("train", "val"), transforms):
                 torch.manual_seed(0)
                 t0 = time.perf_counter()
                 for p in paths:
                     tf(train_amp.open_image(p))
                 times.setdefault((split, draft), []).append(time.perf_counter() - t0)
-    train_amp.JPEG_DRAFT = True
     rate = {f"{split} {'reduced' if draft else 'full'}": len(paths) / statistics.median(t)
             for (split, draft), t in times.items()}
     for split in ("train", "val"):
@@ -297,12 +301,11 @@ def profile_device_path(a, folder, batches=12):
         flip = torch.rand(len(imgs), generator=gen) < 0.5
         spent = [t1 - t0, t2 - t1]
         for use_fused in crops.values():
-            train_amp.FUSED_CROP = use_fused
             t3 = time.perf_counter()
-            train_amp.crop_to_batch(imgs, boxes, flip, a.image_size, True)
+            train_amp.crop_to_batch(imgs, boxes, flip, a.image_size, True,
+                                    train_amp.DecodeOptions(fused_crop=use_fused))
             sync()
             spent.append(time.perf_counter() - t3)
-        train_amp.FUSED_CROP = True
         if k >= 2:
             for name, v in zip(times, spent):
                 times[name].append(1000 * v)
@@ -312,7 +315,7 @@ def profile_device_path(a, folder, batches=12):
     return prof
 
 
-def main():
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="resnet50")
     p.add_argument("--batch-size", type=int, default=256)
@@ -352,12 +355,12 @@ def main():
                    help="also time the workers' transforms on one CPU core, JPEGs decoded at a"
                         " reduced scale where the crop allows vs at full scale (no GPU needed"
                         " for this part: with --rows '' it is all that runs)")
-    a = p.parse_args()
-    if a.device == "cuda" and a.rows and not torch.cuda.is_available():
-        sys.exit("bench_input.py needs a CUDA GPU (--device cpu only smoke-tests it)")
-    a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
-    folder = pathlib.Path(a.jpeg_dir) / "jpeg"
-    t0 = time.perf_counter()
+    return p
+
+
+def jpeg_set(a, folder):
+    """The ImageNet-like JPEGs (made, or already there and read into the page cache) -> (their
+    paths, whether this run made them)."""
     made = not any(folder.rglob("*.jpg"))
     if made:
         make_imagefolder(folder, a.images, a.classes, a.max_side)
@@ -367,22 +370,25 @@ def main():
         # the rows measure what the report says (a warm cache), not the disk.
         for f in files:
             f.read_bytes()
+    return files, made
+
+
+def new_report(a, files, made, t0):
+    """The report's head: the machine, the job, the JPEG set and its page-cache state."""
     size = sum(f.stat().st_size for f in files)
-    rows = [r for r in a.rows.split(",") if r]
-    if "tar" in rows and not any((pathlib.Path(a.jpeg_dir) / "shards").glob("*.tar")):
-        make_shards(folder, pathlib.Path(a.jpeg_dir) / "shards")
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
-    rep = {"gpu": train_amp.device_name(a.dev), "torch": torch.__version__,
-           "cpus": train_amp.cpu_cores(), "model": a.model, "batch_size": a.batch_size,
-           "image_size": a.image_size, "epochs": a.epochs, "images": len(files),
-           "mean_kib": size / len(files) / 1024, "make_s": time.perf_counter() - t0,
-           "page_cache": (f"warm: the {size / 2 ** 20:.0f} MiB of JPEGs were"
-                          f" {'written' if made else 'read'} by this run just before"
-                          f" ({mem_gib:.0f} GiB RAM), so every epoch reads them from the page"
-                          " cache"), "rows": []}
-    print(f"# bench_input: {a.model} batch {a.batch_size} on {rep['gpu']} ({rep['cpus']} CPUs),"
-          f" {len(files)} JPEGs, {rep['mean_kib']:.0f} KiB mean; {rep['page_cache']}", flush=True)
-    n_train, cpus = len(files), rep["cpus"]
+    return {"gpu": train_amp.device_name(a.dev), "torch": torch.__version__,
+            "cpus": train_amp.cpu_cores(), "model": a.model, "batch_size": a.batch_size,
+            "image_size": a.image_size, "epochs": a.epochs, "images": len(files),
+            "mean_kib": size / len(files) / 1024, "make_s": time.perf_counter() - t0,
+            "page_cache": (f"warm: the {size / 2 ** 20:.0f} MiB of JPEGs were"
+                           f" {'written' if made else 'read'} by this run just before"
+                           f" ({mem_gib:.0f} GiB RAM), so every epoch reads them from the page"
+                           " cache"), "rows": []}
+
+
+def row_plan(a, folder, n_train, cpus):
+    """Every row name -> (its --data, its train_amp flags)."""
     plan = {
         "synthetic": ("synthetic", ["--synthetic-size", str(n_train), "--num-classes",
                                     str(a.classes)]),
@@ -395,30 +401,58 @@ def main():
     }
     for name, (base, _, flags) in ABLATIONS.items():
         plan[name] = (plan[base][0], plan[base][1] + flags)
-    if a.profile:
-        rep["profile"] = profile_device_path(a, folder)
-    if a.cpu_decode:
-        rep["cpu_decode"] = cpu_decode_rate(folder, a.image_size)
+    return plan
+
+
+def run_rows(a, rows, plan, rep):
+    """The rows, --repeat times interleaved; the JSON rewritten after each (a long run that
+    dies keeps what it measured)."""
     rep["repeat"] = a.repeat
     for round_ in range(a.repeat):
         for name in rows:
             data, extra = plan[name]
-            with row_settings(name) as stats:
-                row = run(name, a, data, extra)
+            with row_settings(name) as (stats, options):
+                row = run(name, a, data, extra, options)
             if any(stats.values()):
                 row["batches"] = stats
             row["round"] = round_ + 1
             rep["rows"].append(row)
             pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
-    if a.accuracy:
-        rep["accuracy"] = digits_accuracy(a, pathlib.Path(a.jpeg_dir) / "digits")
-        pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
+
+
+def write_report(rep, out):
+    """Print the report and write it as markdown next to the JSON (OUT with .md)."""
     print_report(rep)
-    md = pathlib.Path(a.out).with_suffix(".md")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         print_report(rep)
-    md.write_text(buf.getvalue())
+    pathlib.Path(out).with_suffix(".md").write_text(buf.getvalue())
+
+
+def main():
+    a = build_parser().parse_args()
+    if a.device == "cuda" and a.rows and not torch.cuda.is_available():
+        sys.exit("bench_input.py needs a CUDA GPU (--device cpu only smoke-tests it)")
+    a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
+    folder = pathlib.Path(a.jpeg_dir) / "jpeg"
+    t0 = time.perf_counter()
+    files, made = jpeg_set(a, folder)
+    rows = [r for r in a.rows.split(",") if r]
+    if "tar" in rows and not any((pathlib.Path(a.jpeg_dir) / "shards").glob("*.tar")):
+        make_shards(folder, pathlib.Path(a.jpeg_dir) / "shards")
+    rep = new_report(a, files, made, t0)
+    print(f"# bench_input: {a.model} batch {a.batch_size} on {rep['gpu']} ({rep['cpus']} CPUs),"
+          f" {len(files)} JPEGs, {rep['mean_kib']:.0f} KiB mean; {rep['page_cache']}", flush=True)
+    plan = row_plan(a, folder, len(files), rep["cpus"])
+    if a.profile:
+        rep["profile"] = profile_device_path(a, folder)
+    if a.cpu_decode:
+        rep["cpu_decode"] = cpu_decode_rate(folder, a.image_size)
+    run_rows(a, rows, plan, rep)
+    if a.accuracy:
+        rep["accuracy"] = digits_accuracy(a, pathlib.Path(a.jpeg_dir) / "digits")
+        pathlib.Path(a.out).write_text(json.dumps(rep, indent=2))
+    write_report(rep, a.out)
 
 
 def few_batches_cautions(rep):

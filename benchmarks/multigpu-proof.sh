@@ -2,17 +2,17 @@
 # The multi-GPU proof, in one go, on a host with >= 2 GPUs and this repository (in the image, or
 # natively with torch + torchvision installed): every step's log and JSON go to OUTDIR, a summary
 # to OUTDIR/summary.txt. Steps: the smoke suite with every multi-GPU test required; NCCL all-reduce
-# bus bandwidth (scripts/bench_nccl.py) beside the NVLink peak; train_amp --benchmark on 1 GPU and
+# bus bandwidth (benchmarks/bench_nccl.py) beside the NVLink peak; train_amp --benchmark on 1 GPU and
 # on N GPUs in the same session (scaling efficiency = N-GPU images/s / (N x 1-GPU images/s));
 # --compare under DDP; a real digits run under DDP that checkpoints, resumes, and is compared with
 # one GPU.
 #
-#   scripts/multigpu-proof.sh OUTDIR [NGPUS (default: all visible)]
+#   benchmarks/multigpu-proof.sh OUTDIR [NGPUS (default: all visible)]
 #
 # With one GPU it still runs every step that can run (a dry run of the set-up); the smoke step
 # then fails on purpose, because --require-gpus N cannot be met.
 set -uo pipefail
-out=${1:?usage: scripts/multigpu-proof.sh OUTDIR [NGPUS]}
+out=${1:?usage: benchmarks/multigpu-proof.sh OUTDIR [NGPUS]}
 n=${2:-$(python -c 'import torch; print(torch.cuda.device_count())')}
 mkdir -p "$out"
 cd "$(dirname "$0")/.." || exit
@@ -37,7 +37,7 @@ bench=(train_amp.py --benchmark --model resnet50 --batch-size 256)
 
 step smoke python -m pytest smoke_tests -q -p no:cacheprovider --require-gpus "$n" \
   --report-dir "$out/smoke"
-step nccl "${run[@]}" scripts/bench_nccl.py --json "$out/nccl.json"
+step nccl "${run[@]}" benchmarks/bench_nccl.py --json "$out/nccl.json"
 step bench-1gpu python "${bench[@]}" --out "$out/bench-1gpu"
 step "bench-${n}gpu" "${run[@]}" "${bench[@]}" --out "$out/bench-${n}gpu"
 step compare-ddp "${run[@]}" train_amp.py --compare --data digits --model resnet18 --epochs 3 \

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """NCCL all-reduce bandwidth across the GPUs of one host, in the units nccl-tests prints.
 
-    torchrun --nproc-per-node 2 scripts/bench_nccl.py            # 1 MiB .. 1 GiB, float32
-    torchrun --nproc-per-node 8 scripts/bench_nccl.py --json out.json
+    torchrun --nproc-per-node 2 benchmarks/bench_nccl.py            # 1 MiB .. 1 GiB, float32
+    torchrun --nproc-per-node 8 benchmarks/bench_nccl.py --json out.json
 
 For each message size: the median time of --iters timed all-reduces (after --warmup untimed ones),
 algbw = bytes / time and busbw = algbw * 2 (n - 1) / n: the figure to compare with the link's
@@ -53,7 +53,7 @@ def main():
     p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
     args = p.parse_args()
     if "LOCAL_RANK" not in os.environ:
-        sys.exit("run under torchrun, e.g. torchrun --nproc-per-node 2 scripts/bench_nccl.py")
+        sys.exit("run under torchrun, e.g. torchrun --nproc-per-node 2 benchmarks/bench_nccl.py")
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU visible: NCCL bandwidth needs GPUs")
     local = int(os.environ["LOCAL_RANK"])

