@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """`make test`'s host set-up: every tool the build and the test suite use is here, dockerd runs.
 
-Usage: host_setup.py setup [--standin]   install what is missing (apt-get, as root or through
-                                         sudo), start an installed but stopped dockerd (root);
-                                         where it cannot, stop with the exact command to run
-       host_setup.py check [--standin]   say what is missing and the command; change nothing
+Usage: host_setup.py setup [--standin] [--arm64]
+                  install what is missing (apt-get, as root or through sudo), start an installed
+                  but stopped dockerd (root); where it cannot, stop with the exact command to run
+       host_setup.py check [--standin] [--arm64]
+                  say what is missing and the command; change nothing
+  --standin: BASE_IMAGE is the stand-in (debootstrap); --arm64: make arm64-emulated (QEMU)
 
 Standard library only: it runs before .venv-test exists, and scripts/doctor.py imports it for
 its "test tools" row. tests/test_host_setup.py drives it with fakes: --path (where tools,
@@ -13,6 +15,7 @@ apt-get and sudo are looked for), --docker, --euid, --os-release, --dockerd-log.
 import argparse
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -25,9 +28,10 @@ class Tool:
     """One need: found when every command is on the path (and `probe` passes), else installed
     from `packages` (Debian's names; `ubuntu` maps those that differ there)."""
 
-    def __init__(self, name, commands, packages, why, probe=None):
+    def __init__(self, name, commands, packages, why, probe=None, backports=False):
         self.name, self.commands, self.packages, self.why = name, commands, packages, why
-        self.probe = probe
+        # backports: on Debian 12 these come from bookworm-backports (its own are too old).
+        self.probe, self.backports = probe, backports
 
 
 def python_has_venv(h):
@@ -40,6 +44,28 @@ def compose_works(h):
     # The compose v2 plugin of Docker's packages serves as well as Debian's docker-compose v1.
     return h.which("docker-compose") or (
         h.which(h.docker) and h.run([h.which(h.docker), "compose", "version"]).returncode == 0)
+
+
+QEMU_MIN = (10, 0)  # Debian 12's 7.2 crashes in `import torch` (signal 11); 10.0.2 imports it
+
+
+def qemu_version(h):
+    out = h.run([h.which("qemu-aarch64-static"), "--version"]).stdout if h.which("qemu-aarch64-static") else ""
+    match = re.search(r"version (\d+)\.(\d+)", out)
+    return tuple(int(x) for x in match.groups()) if match else None
+
+
+def arm64_emulation_works(h):
+    """qemu-aarch64 new enough, and registered with binfmt_misc's F flag (the kernel opens the
+    interpreter once, so it serves inside containers, whose file systems lack it)."""
+    version = qemu_version(h)
+    entry = pathlib.Path(h.o.binfmt, "qemu-aarch64")
+    try:
+        lines = entry.read_text().splitlines()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("flags:")), "")
+    return bool(version and version >= QEMU_MIN and "enabled" in lines and "F" in flags)
 
 
 # Checked by command, not by package: Docker's docker-ce, NodeSource's node or a chromium from
@@ -62,6 +88,11 @@ TOOLS = [
 STANDIN_TOOLS = [
     Tool("debootstrap", ["debootstrap", "dpkg-deb"], ["debootstrap"],
          "make base-standin"),
+]
+ARM64_TOOLS = [
+    Tool("arm64 emulation", ["qemu-aarch64-static", "update-binfmts"], ["qemu-user-static", "binfmt-support"],
+         f"make arm64-emulated: qemu-user {QEMU_MIN[0]} or newer, registered with binfmt_misc",
+         probe=arm64_emulation_works, backports=True),
 ]
 # Ubuntu's names where they differ from Debian's (its chromium debs install the snap).
 UBUNTU = {"chromium": "chromium-browser", "chromium-driver": "chromium-chromedriver"}
@@ -95,6 +126,14 @@ class Host:
                 ids.update(value.strip().strip('"').split())
         return ids
 
+    def codename(self):
+        try:
+            text = pathlib.Path(self.o.os_release).read_text()
+        except OSError:
+            return ""
+        return next((line.partition("=")[2].strip().strip('"') for line in text.splitlines()
+                     if line.startswith("VERSION_CODENAME=")), "")
+
 
 def log(level, message):
     print(f"{level} [{time.strftime('%H:%M:%S', time.gmtime())}] host-setup: {message}",
@@ -111,19 +150,32 @@ def packages(h, tools):
     return [UBUNTU.get(p, p) if ubuntu else p for t in tools for p in t.packages]
 
 
-def install_command(h, pkgs):
+BACKPORTS = {"bookworm": "bookworm-backports"}  # where a `backports` tool's packages are new enough
+
+
+def backports(h, tools):
+    """The backports suite `tools` need on this release, or None (other releases: their own)."""
+    return BACKPORTS.get(h.codename()) if any(t.backports for t in tools) else None
+
+
+def install_command(h, pkgs, suite=None):
     sudo = "" if h.o.euid == 0 else "sudo "
-    return (f"{sudo}apt-get update && {sudo}apt-get install -y --no-install-recommends "
-            + " ".join(pkgs))
+    add = (f"echo 'deb http://deb.debian.org/debian {suite} main' | {sudo}tee "
+           f"{h.o.backports_list} && " if suite else "")
+    return (f"{add}{sudo}apt-get update && {sudo}apt-get install -y --no-install-recommends "
+            + (f"-t {suite} " if suite else "") + " ".join(pkgs))
 
 
 def describe(tools, sep="; "):
     return sep.join(f"{t.name} (for {t.why})" for t in tools)
 
 
+BACKPORTS_LIST = "/etc/apt/sources.list.d/team-backports.list"
+
+
 def install(h, tools):
     """apt-get install the missing tools' packages: True when they are all found afterwards."""
-    pkgs = packages(h, tools)
+    pkgs, suite = packages(h, tools), backports(h, tools)
     apt = h.which("apt-get")
     listed = describe(tools, "\n    ")
     if not h.os_ids() & {"debian", "ubuntu"} or not apt:
@@ -136,20 +188,32 @@ def install(h, tools):
     if h.o.euid != 0:
         sudo = h.which("sudo")
         if not sudo:
+            as_root = install_command(h, pkgs, suite).replace("sudo ", "")
             log("ERROR", f"missing:\n    {listed}\nno sudo here: install them as root, then run "
-                         f"make test again:\n    su -c '{install_command(h, pkgs).replace('sudo ', '')}'")
+                         f'make test again:\n    su -c "{as_root}"')
             return False
         # -n: no password prompt where nobody can answer it (CI, a pipe); say the command instead.
         prefix = [sudo] if sys.stdin.isatty() else [sudo, "-n"]
-    log("INFO", f"installing {' '.join(pkgs)} ({'sudo ' if prefix else ''}apt-get) for:\n    {listed}")
+    log("INFO", f"installing {' '.join(pkgs)} ({'sudo ' if prefix else ''}apt-get"
+                f"{', from ' + suite if suite else ''}) for:\n    {listed}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in ([*prefix, apt, "update", "-qq"],
-                 [*prefix, apt, "install", "-y", "-qq", "--no-install-recommends", *pkgs]):
+    steps = [[*prefix, apt, "update", "-qq"],
+             [*prefix, apt, "install", "-y", "-qq", "--no-install-recommends",
+              *(["-t", suite] if suite else []), *pkgs]]
+    if suite:
+        steps.insert(0, [*prefix, h.which("sh") or "/bin/sh", "-c",
+                         f"echo 'deb http://deb.debian.org/debian {suite} main' > {h.o.backports_list}"])
+    for argv in steps:
         r = h.run(argv, env=env, timeout=1800)
         if r.returncode != 0:
             log("ERROR", f"{' '.join(argv)} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-2000:]}"
-                         f"\nrun it yourself, then make test again:\n    {install_command(h, pkgs)}")
+                         f"\nrun it yourself, then make test again:\n    {install_command(h, pkgs, suite)}")
             return False
+    if any(t in ARM64_TOOLS for t in tools) and h.which("update-binfmts"):
+        # With the F flag the kernel keeps the interpreter it opened at registration: an upgraded
+        # qemu serves only once registered again.
+        for action in ("--disable", "--enable"):
+            h.run([*prefix, h.which("update-binfmts"), action, "qemu-aarch64"])
     if any("docker-registry" in t.packages for t in tools):
         # Debian's package starts its own registry service on :5000; the tests start theirs.
         systemctl = h.which("systemctl")
@@ -231,25 +295,28 @@ def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("command", choices=("setup", "check"))
     p.add_argument("--standin", action="store_true", help="BASE_IMAGE is the stand-in: debootstrap too")
+    p.add_argument("--arm64", action="store_true", help="make arm64-emulated: qemu-user and binfmt too")
     p.add_argument("--docker", default=os.environ.get("DOCKER") or "docker")
     # Debian's PATH for users has no sbin, where debootstrap lives.
     p.add_argument("--path", default=os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin:/sbin")
     p.add_argument("--euid", type=int, default=os.geteuid())
     p.add_argument("--os-release", default="/etc/os-release")
     p.add_argument("--dockerd-log", default="/var/log/dockerd.log")
+    p.add_argument("--binfmt", default="/proc/sys/fs/binfmt_misc")
+    p.add_argument("--backports-list", default=BACKPORTS_LIST)
     return p.parse_args(argv)
 
 
 def main(argv):
     o = parse(argv)
     h, start = Host(o), time.monotonic()
-    tools = TOOLS + (STANDIN_TOOLS if o.standin else [])
+    tools = TOOLS + (STANDIN_TOOLS if o.standin else []) + (ARM64_TOOLS if o.arm64 else [])
     need = missing(h, tools)
     if o.command == "check":
         for t in need:
             print(f"missing: {t.name} ({t.why})")
         if need:
-            print(f"install: {install_command(h, packages(h, need))}   (or: make host-setup)")
+            print(f"install: {install_command(h, packages(h, need), backports(h, need))}   (or: make host-setup)")
         return 1 if need else 0
     if need and not install(h, need):
         return 1

@@ -61,6 +61,13 @@ def artifacts():
     return ARTIFACTS
 
 
+# Another CPU's image under QEMU (make arm64-emulated): the CPU model every container emulates
+# (QEMU reads QEMU_CPU from the emulated process's environment), and how many times longer a
+# command may take there than the timeouts written for this host's CPU.
+QEMU_CPU = os.environ.get("TEAM_TEST_QEMU_CPU", "")
+SLOWDOWN = float(os.environ.get("TEAM_TEST_SLOWDOWN") or 1)
+
+
 @pytest.fixture
 def start_container(docker_client, image_ref):
     """Factory: start_container(command=None, **run_kwargs) -> a detached, running container.
@@ -70,6 +77,10 @@ def start_container(docker_client, image_ref):
     def start(command=None, **kwargs):
         kwargs.setdefault("detach", True)
         kwargs.setdefault("shm_size", "1g")
+        if QEMU_CPU:
+            env = kwargs.get("environment") or {}
+            env = dict(env) if isinstance(env, dict) else dict(e.split("=", 1) for e in env)
+            kwargs["environment"] = {"QEMU_CPU": QEMU_CPU, **env}
         c = docker_client.containers.run(kwargs.pop("image", image_ref), command, **kwargs)
         started.append(c)
         return c
@@ -106,6 +117,7 @@ def run_in_image(start_container):
     """Run a command to completion in a fresh container: returns (exit_code, output)."""
 
     def run(command, timeout=300, **kwargs):
+        timeout *= SLOWDOWN
         c = start_container(command, **kwargs)
         try:
             result = c.wait(timeout=timeout)

@@ -16,7 +16,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-EVERY_COMMAND = sorted({c for t in host_setup.TOOLS + host_setup.STANDIN_TOOLS for c in t.commands}
+EVERY_COMMAND = sorted({c for t in host_setup.TOOLS + host_setup.STANDIN_TOOLS + host_setup.ARM64_TOOLS
+                         for c in t.commands}
                        | {"docker-compose", "dockerd"})
 DEBIAN = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\n'
 UBUNTU = 'NAME="Ubuntu"\nID=ubuntu\nID_LIKE=debian\n'
@@ -127,6 +128,59 @@ def test_standin_base_adds_debootstrap(tmp_path):
     assert rc == 0 and "apt-get install -y -qq --no-install-recommends debootstrap" in host.calls(), out
 
 
+BOOKWORM = DEBIAN + "VERSION_CODENAME=bookworm\n"
+QEMU_ENTRY = "enabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\nflags: PF\noffset 0\n"
+
+
+def arm64_host(tmp_path, version, entry=QEMU_ENTRY, os_release=BOOKWORM):
+    """A fake host whose qemu-aarch64-static says `version`, binfmt_misc holding `entry`, and an
+    apt-get whose install brings qemu 10.0.2."""
+    host = FakeHost(tmp_path, os_release=os_release)
+    host.stub("qemu-aarch64-static", f'echo "qemu-aarch64 version {version} (Debian)"')
+    binfmt = tmp_path / "binfmt"
+    binfmt.mkdir()
+    if entry is not None:
+        (binfmt / "qemu-aarch64").write_text(entry)
+    newer = host.bin / "qemu-aarch64-static"
+    host.stub("apt-get", f'[ "$1" = install ] && printf \'#!/bin/sh\\necho "qemu-aarch64 version 10.0.2"\\n\' > {newer}')
+    extra = ("--arm64", "--binfmt", str(binfmt), "--backports-list", str(tmp_path / "backports.list"))
+    return host, extra
+
+
+def test_arm64_emulation_with_debian_12s_qemu_installs_qemu_10_from_backports(tmp_path):
+    """make arm64-emulated needs qemu-user 10 (7.2 crashes in import torch): on Debian 12 host-setup
+    should add bookworm-backports, install qemu-user-static from it and register qemu-aarch64 again
+    (the F flag keeps the old interpreter until then); without --arm64 it should leave qemu alone."""
+    host, extra = arm64_host(tmp_path, "7.2.22")
+    assert host.run()[0] == 0 and not apt_calls(host), host.calls()
+    rc, out = host.run("setup", *extra)
+    assert rc == 0, out
+    assert "apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-user-static binfmt-support" \
+        in host.calls(), host.calls()
+    assert (tmp_path / "backports.list").read_text().split() == \
+        ["deb", "http://deb.debian.org/debian", "bookworm-backports", "main"]
+    assert [c for c in host.calls() if c.startswith("update-binfmts")] == \
+        ["update-binfmts --disable qemu-aarch64", "update-binfmts --enable qemu-aarch64"], host.calls()
+
+
+@pytest.mark.parametrize("version,entry,ok", [
+    ("10.0.2", QEMU_ENTRY, True),
+    ("10.0.2", QEMU_ENTRY.replace("flags: PF", "flags: P"), False),  # no F: unusable in containers
+    ("10.0.2", QEMU_ENTRY.replace("enabled", "disabled"), False),
+    ("10.0.2", None, False),                                         # not registered
+    ("9.2.0", QEMU_ENTRY, False),
+])
+def test_arm64_emulation_needs_qemu_10_registered_with_the_f_flag(tmp_path, version, entry, ok):
+    """check --arm64 should pass only with qemu >= 10 enabled with the F flag, and otherwise name
+    the backports install."""
+    host, extra = arm64_host(tmp_path, version, entry)
+    rc, out = host.run("check", *extra)
+    assert (rc == 0) == ok, out
+    if not ok:
+        assert "missing: arm64 emulation" in out and "-t bookworm-backports qemu-user-static" in out, out
+    assert not apt_calls(host), host.calls()
+
+
 def test_ubuntu_gets_ubuntus_chromium_package_names(tmp_path):
     host = FakeHost(tmp_path, without=["chromium", "chromedriver"], os_release=UBUNTU)
     host.apt_installs("chromium", "chromedriver")
@@ -155,8 +209,8 @@ def test_user_without_sudo_gets_the_command_to_run_as_root(tmp_path):
     assert rc == 1, out
     assert not apt_calls(host), host.calls()
     assert "chromium (for tests/test_browser.py" in out, out
-    assert ("su -c 'apt-get update && apt-get install -y --no-install-recommends chromium "
-            "chromium-driver'") in out, out
+    assert ('su -c "apt-get update && apt-get install -y --no-install-recommends chromium '
+            'chromium-driver"') in out, out
 
 
 def test_apt_failure_stops_with_the_command(tmp_path):
