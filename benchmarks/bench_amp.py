@@ -246,7 +246,7 @@ def main():
     except train_amp.UsageError as e:
         sys.exit(f"bench_amp.py: error: {e}")
     if a.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("bench_amp.py needs a CUDA GPU (for CPU, see tests/test_train_amp.py)")
+        sys.exit("bench_amp.py needs a CUDA GPU (for CPU, see tests/test_train_amp_*.py)")
     a.dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
     parts = set(a.only.split(",")) if a.only else {"matrix-eager", "defaults", "jpeg",
                                                   "matrix-compile", "tuned"}

@@ -112,6 +112,14 @@ def remove_image(ref):
     assert not client.images.list(name=ref), f"{ref} is still there after its removal"
 
 
+@pytest.fixture(scope="module")
+def module_containers(docker_client):
+    """Containers started by module-scoped fixtures; all force-removed after the module."""
+    started = []
+    yield started
+    remove_containers(started)
+
+
 @pytest.fixture
 def run_in_image(start_container):
     """Run a command to completion in a fresh container: returns (exit_code, output)."""

@@ -8,7 +8,7 @@ import time
 import uuid
 
 import pytest
-from test_train_amp import SUMMARY, SYNTH, read_from_container
+from train_amp_helpers import SUMMARY, SYNTH, read_from_container
 
 
 def test_nccl_finds_the_rdma_verbs_library_and_providers(run_in_image):

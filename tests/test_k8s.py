@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 from conftest import ROOT, version_row
-from test_train_amp import ENTRYPOINT_LOG, SUMMARY, SYNTH
+from train_amp_helpers import ENTRYPOINT_LOG, SUMMARY, SYNTH
 
 import docker
 

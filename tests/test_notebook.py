@@ -15,7 +15,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from test_browser import browser  # noqa: F401 - the headless Chromium fixture
 
 TIMEOUT = 30
-# Small enough for 2 CPU cores (as in test_train_amp.py): a few logged steps are all TensorBoard needs.
+# Small enough for 2 CPU cores (as in train_amp_helpers.py): a few logged steps are all TensorBoard needs.
 TRAIN = ["train_amp.py", "--model", "resnet18", "--data", "synthetic", "--synthetic-size", "256",
          "--num-classes", "10", "--image-size", "32", "--batch-size", "32", "--steps", "4",
          "--log-every", "1", "--checkpoint-dir", "/tmp/ck", "--tensorboard", "/workspace/runs/amp"]

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 from conftest import ROOT, remove_containers
-from test_train_amp import SUMMARY, SYNTH
+from train_amp_helpers import SUMMARY, SYNTH
 
 import docker
 

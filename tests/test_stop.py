@@ -11,7 +11,7 @@ import requests
 import websocket
 from conftest import READY, wait_for_log, wait_until
 
-# Small for 2 CPU cores (tests/test_train_amp.py's SYNTH), but 80 steps an epoch and 5 epochs:
+# Small for 2 CPU cores (tests/train_amp_helpers.py's SYNTH), but 80 steps an epoch and 5 epochs:
 # it is still in its first epoch when the container is stopped.
 TRAIN = ("train_amp.py --model resnet18 --data synthetic --synthetic-size 2560 --num-classes 10"
          " --image-size 32 --batch-size 32 --epochs 5 --log-every 1")
