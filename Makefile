@@ -83,7 +83,7 @@ help: ## Show this help: targets (everyday first), variables, the current image 
 	  /^[a-zA-Z0-9_-]+:.*## / { line = sprintf("  %s%-14s%s %s\n", on, $$1, off, $$2); if ($$1 in ev) a = a line; else b = b line } \
 	  END { printf "Everyday targets:\n%s\nMaintainer targets (tests, lint, benchmarks, base, publishing):\n%s", a, b }' $(MAKEFILE_LIST)
 	@echo; echo "Variables (override as VAR=value):"
-	@awk 'BEGIN{FS="[?]= *|## "} /^[A-Z_]+ *[?]=.*## /{printf "  %-20s %s\n",$$1,$$3}' $(MAKEFILE_LIST)
+	@awk 'BEGIN{FS="[?]= *|## "} /^[A-Z][A-Z0-9_]* *[?]=.*## /{printf "  %-20s %s\n",$$1,$$3}' $(MAKEFILE_LIST)
 	@echo; echo "Current: REF=$(REF) REGISTRY=$(or $(REGISTRY),(none: local only)) BASE_IMAGE=$(BASE_IMAGE)"
 .PHONY: doctor stop logs ssh
 doctor: ## Check this host (Docker, BuildKit, GPU, disk, base, ports): what is fine, what to fix
