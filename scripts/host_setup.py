@@ -113,27 +113,21 @@ class Host:
         except (OSError, subprocess.TimeoutExpired) as e:
             return subprocess.CompletedProcess(argv, 127, "", str(e))
 
+    def os_release(self):
+        """/etc/os-release as {KEY: value}; {} when unreadable."""
+        try:
+            text = pathlib.Path(self.o.os_release).read_text()
+        except OSError:
+            return {}
+        return {k: v.strip().strip('"') for k, _, v in (line.partition("=") for line in text.splitlines())}
+
     def os_ids(self):
         """ID and ID_LIKE of /etc/os-release: {'debian'}, {'ubuntu', 'debian'}, ..."""
-        try:
-            text = pathlib.Path(self.o.os_release).read_text()
-        except OSError:
-            return set()
-        ids = set()
-        for line in text.splitlines():
-            key, _, value = line.partition("=")
-            if key in ("ID", "ID_LIKE"):
-                ids.update(value.strip().strip('"').split())
-        return ids
+        fields = self.os_release()
+        return set(fields.get("ID", "").split()) | set(fields.get("ID_LIKE", "").split())
 
     def codename(self):
-        try:
-            text = pathlib.Path(self.o.os_release).read_text()
-        except OSError:
-            return ""
-        return next((line.partition("=")[2].strip().strip('"') for line in text.splitlines()
-                     if line.startswith("VERSION_CODENAME=")), "")
-
+        return self.os_release().get("VERSION_CODENAME", "")
 
 def log(level, message):
     print(f"{level} [{time.strftime('%H:%M:%S', time.gmtime())}] host-setup: {message}",
