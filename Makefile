@@ -180,8 +180,8 @@ bench: build test-deps ## Start-up benchmark: docker run -> Jupyter, -> SSH logi
 base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped hosts, CI); PLATFORM=linux/arm64: an arm64 one
 	scripts/make-standin-base.sh
 
-# arm64 on an x86 host, under QEMU (qemu-user-static + binfmt-support, F flag): slow, so not in
-# .ci/run. The arm64 stand-in, each row that publishes linux/arm64 built on it, its CPU smoke suite.
+# arm64 on an x86 host, under QEMU (qemu-user-static >= 10, F flag): slow, so not in .ci/run
+# (docs/building.md#arm64-under-emulation).
 ARM64_ROWS  := $(shell python3 scripts/versions.py rows --platform linux/arm64)
 .PHONY: arm64-emulated
 STANDIN_PYTHON := $(shell python3 scripts/versions.py standin python)
