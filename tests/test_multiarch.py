@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 
@@ -63,7 +64,15 @@ def test_both_platforms_push_as_one_index_and_each_pulls_back_as_the_image_built
     """Pushed to a registry and joined into one index (as release.yml joins its native builds), each
     platform's entry should be the very image built (its config digest is the image id) and pull
     back, by the index digest, as that platform with the row's labels (push.py verify)."""
-    repo = f"{local_registry}/team-dl"
+    try:
+        push_join_and_verify(docker_client, pair, f"{local_registry}/team-dl")
+    finally:
+        # Two pushed images are about 7 GB of registry storage: not kept among pytest's last runs.
+        shutil.rmtree(tmp_path / "registry-data", ignore_errors=True)
+
+
+def push_join_and_verify(docker_client, pair, repo):
+    """Push each platform's image to repo, join them into repo:multiarch, check the index."""
     refs = {}
     for platform, image in pair.items():
         refs[platform] = f"{repo}:multiarch-{platform.split('/')[1]}"
