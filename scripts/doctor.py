@@ -475,7 +475,9 @@ def preflight(h, o, row):
     rows = check_docker(h)
     if rows[0].status != OK:
         return rows
-    building = o.target == "build" or not h.image_present(o.image)
+    # --pull-first (REGISTRY set): a missing image is pulled; make build checks for itself only
+    # if the registry has none (scripts/pull.py), so the base does not matter yet.
+    building = o.target == "build" or not (h.image_present(o.image) or o.pull_first)
     if o.target == "run":
         rows += check_container(h, o.container, strict=True)
         rows += check_ports(h, o.ports, o.container, strict=True)
@@ -505,6 +507,8 @@ def parse(argv):
     p.add_argument("--container", default=None)
     p.add_argument("--port", dest="ports", action="append", type=port_arg,
                    help="VAR=PORT that make run publishes (repeat)")
+    p.add_argument("--pull-first", action="store_true",
+                   help="preflight --for run: a missing image is pulled from REGISTRY, not built")
     p.add_argument("--registry-probe", default=None)
     p.add_argument("--infiniband", default="/sys/class/infiniband")
     p.add_argument("--memlock", default=None)
