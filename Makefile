@@ -243,16 +243,18 @@ FLAVOUR     := $(shell python3 scripts/build_info.py flavour $(ROW_ARG))
 FORCE       ?=## FORCE=1: let make push replace an immutable tag that names another image
 PUSH_WORKTREE ?= .## git work tree the image was built from (make push refuses it dirty)
 PUBLISH_DIR ?= artifacts/publish## where make push/manifest write the publish record and manifest
+ZSTD        ?=## 1: make push also pushes every tag as <tag>-zstd (zstd layers, through skopeo)
+ZSTD_LEVEL  ?= 3## zstd level for ZSTD=1 (benchmarks/results/pull_*.md: why this one)
 
 .PHONY: tags push manifest
 tags: ## Print the tags make push publishes: descriptive, sha-<sha>, then the moving ones
 	@printf '%s\n' $(TAG) "$$(python3 scripts/build_info.py sha-tag $(ROW_ARG) --sha $(GIT_SHA))" $(MOVING_TAGS)
 
-push: ## Push REF to REGISTRY under every tag, pull back by digest, verify (FORCE=1)
+push: ## Push REF to REGISTRY under every tag, pull back by digest, verify (FORCE=1; ZSTD=1: also <tag>-zstd)
 	DOCKER=$(DOCKER) python3 scripts/push.py push --repository $(REGISTRY)/$(IMAGE) --tag $(TAG) \
 	  --moving "$(MOVING_TAGS)" --image $(REF) --image $(IMAGE):$(TAG) \
 	  --worktree $(PUSH_WORKTREE) --record $(PUBLISH_DIR) $(if $(filter 1,$(FORCE)),--force) \
-	  $(if $(FLAVOUR),--flavour $(FLAVOUR))
+	  $(if $(FLAVOUR),--flavour $(FLAVOUR)) $(if $(filter 1,$(ZSTD)),--zstd-level $(ZSTD_LEVEL))
 
 manifest: ## Write REF's package manifest (versions, pip, dpkg, labels, digest) to PUBLISH_DIR
 	DOCKER=$(DOCKER) python3 scripts/manifest.py --image $(REF) --out $(PUBLISH_DIR) --tag $(TAG)

@@ -84,6 +84,8 @@ TOOLS = [
     Tool("ssh client", ["ssh", "ssh-keygen"], ["openssh-client"], "make ssh, the SSH tests' keys"),
     Tool("git", ["git"], ["git"], "tests/test_publish.py, the image's revision label"),
     Tool("podman", ["podman"], ["podman"], "tests/test_podman.py"),
+    Tool("skopeo", ["skopeo"], ["skopeo"], "make push ZSTD=1 (Docker 20.10 cannot push zstd), tests/test_zstd.py"),
+    Tool("tini-static", ["tini-static"], ["tini"], "the runnable tiny image of tests/test_pull.py and test_zstd.py"),
 ]
 STANDIN_TOOLS = [
     Tool("debootstrap", ["debootstrap", "dpkg-deb"], ["debootstrap"],

@@ -10,7 +10,8 @@ Usage: push.py push      --repository REG/NAME --tag TAG [options]   refuse/push
 Refusals (exit 1, nothing pushed): a dirty work tree; an image whose revision/version labels
 are not the work tree's HEAD and the tag; an immutable tag (the descriptive tag, sha-<sha>)
 that already names a different image in the registry, unless --force (FORCE=1).
-Moving tags (2.6, latest) are moved without asking. Only the docker CLI is needed.
+Moving tags (2.6, latest) are moved without asking. Only the docker CLI is needed (and skopeo
+for --zstd-level: every tag also as <tag>-zstd, scripts/push_zstd.py).
 """
 import argparse
 import datetime
@@ -22,6 +23,7 @@ import subprocess
 import sys
 
 import build_info
+import push_zstd
 
 DOCKER = os.environ.get("DOCKER", "docker")
 LABEL_REVISION = "org.opencontainers.image.revision"
@@ -258,6 +260,8 @@ def parse_args(argv):
     ap.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1",
                     help="replace an immutable tag that names another image (FORCE=1)")
     ap.add_argument("--record", default="artifacts/publish", help="directory for the publish record")
+    ap.add_argument("--zstd-level", type=int, default=None,
+                    help="also push every tag as <tag>-zstd, zstd layers at this level (make push ZSTD=1)")
     args = ap.parse_args(argv)
     if args.repository.startswith("/") or "/" not in args.repository:
         refuse(f"repository {args.repository!r} names no registry: set REGISTRY (e.g. ghcr.io/acme)")
@@ -307,23 +311,42 @@ def main(argv):
     source, image_id, labels = local_image(args.image or [f"{args.repository}:{args.tag}"])
     check_labels(labels, sha, args.tag)
     check_immutable(args.repository, immutable, image_id, args.force, insecure)
+    diff_ids = json.loads(run(DOCKER, "image", "inspect", image_id).stdout)[0]["RootFS"]["Layers"]
+    if args.zstd_level is not None:
+        zstd_step(push_zstd.skopeo)  # missing: refused before anything is pushed
+        zstd_step(push_zstd.check_immutable, args.repository, immutable, diff_ids, args.force, log)
     if args.command == "preflight":
         log("INFO", f"preflight passed for {source} -> {' '.join(tags)}")
         return
 
     digest = push_tags(source, args.repository, tags)
     verify(args.repository, tags, digest, image_id, labels, insecure)
+    zstd = None
+    if args.zstd_level is not None:
+        zstd = {"digest": zstd_step(push_zstd.push, image_id, args.repository, tags, args.zstd_level,
+                                    insecure, (diff_ids, labels), log),
+                "tags": push_zstd.zstd_tags(tags), "level": args.zstd_level}
 
-    write_record(args, tags, immutable, digest, image_id, sha, labels)
+    write_record(args, tags, immutable, digest, image_id, sha, labels, zstd)
 
 
-def write_record(args, tags, immutable, digest, image_id, sha, labels):
+def zstd_step(step, *args):
+    """A push_zstd step; its failure (skopeo missing, a registry error, a check) -> one line."""
+    try:
+        return step(*args)
+    except (RuntimeError, push_zstd.registry.RegistryError) as e:
+        refuse(str(e))
+
+
+def write_record(args, tags, immutable, digest, image_id, sha, labels, zstd=None):
     """The publish record beside the manifest: what was pushed where, and what it says it is."""
     record_dir = pathlib.Path(args.record)
     record_dir.mkdir(parents=True, exist_ok=True)
     record = {"repository": args.repository, "digest": digest, "image_id": image_id,
               "tags": tags, "immutable_tags": immutable, "revision": sha, "labels": labels,
               "pushed": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    if zstd:
+        record["zstd"] = zstd
     path = record_dir / f"{args.tag}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     log("INFO", f"published {args.repository}@{digest} as {' '.join(tags)}; record in {path}")
