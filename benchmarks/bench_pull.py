@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""What pulling the image costs a node: compressed bytes per layer (gzip and zstd), cold pull
+times from a registry on this host for both in the same run (Docker, and Podman when present), and
+what a node downloads to go from one image to the next. Writes
+benchmarks/results/pull_<machine>_<date>.md.
+
+Usage: bench_pull.py --image REF [--delta OLD NEW]... [--levels 1,3,7,11] [--zstd-level 3]
+                     [--runs 1] [--machine NAME] [--out DIR] [--no-docker] [--no-podman]
+
+Each image is pushed to a fresh Debian docker-registry on 127.0.0.1: gzip by `docker push` (what
+make push does), zstd by skopeo (what make push ZSTD=1 does). "Cold" means an empty store: each
+Docker pull goes to a second dockerd started on an empty --data-root (the images here stay
+untouched), each Podman pull to an empty --root. --levels compresses the whole image once per
+level (skopeo to a directory) to choose ZSTD_LEVEL. A delta OLD NEW is the compressed size of
+NEW's layers whose digests OLD lacks: what a node holding OLD downloads for NEW.
+Needs root (the second dockerd), docker-registry, skopeo; podman optional. Tens of GB of disk
+under --work (default /var/tmp) for the 7 GB image.
+"""
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import registry  # noqa: E402 - scripts/ is no package
+
+DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
+
+
+def log(message):
+    print(f"[{datetime.datetime.now(datetime.UTC):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+
+
+def sh(*args, **kw):
+    kw.setdefault("check", True)
+    return subprocess.run(args, capture_output=True, text=True, **kw)
+
+
+def timed(*args):
+    """-> (seconds, CompletedProcess) of a command that must succeed."""
+    start = time.monotonic()
+    proc = subprocess.run(args, capture_output=True, text=True, check=False)
+    return time.monotonic() - start, proc
+
+
+@contextlib.contextmanager
+def local_registry(work):
+    """Debian's docker-registry on 127.0.0.1:<a port it picks>, storing under work. -> host:port."""
+    config, log_path = work / "registry.yml", work / "registry.log"
+    config.write_text(f"version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: "
+                      f"{work / 'registry-data'}\nhttp:\n  addr: 127.0.0.1:0\n")
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([shutil.which("docker-registry") or "/usr/bin/docker-registry", "serve",
+                                 str(config)], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(100):
+            found = re.search(r'listening on (127\.0\.0\.1:\d+)', log_path.read_text())
+            if found:
+                break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"the registry did not start:\n{log_path.read_text()[-2000:]}")
+        yield found.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def cold_dockerd(work):
+    """A second dockerd on an empty data root (no bridge, no iptables: it only pulls). -> its -H."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="cold-dockerd-", dir=work))
+    sock = f"unix://{root}/docker.sock"
+    with open(root / "dockerd.log", "wb") as out:
+        proc = subprocess.Popen(["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+                                 "--pidfile", str(root / "pid"), "-H", sock, "--bridge", "none",
+                                 "--iptables=false", "--ip-masq=false"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(150):
+            if sh(DOCKER, "-H", sock, "info", check=False).returncode == 0:
+                break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"the cold dockerd did not start:\n{(root / 'dockerd.log').read_text()[-2000:]}")
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def cold_docker_pull(work, ref):
+    """-> (seconds, None) or (seconds until it failed, the error's last line)."""
+    with cold_dockerd(work) as sock:
+        seconds, proc = timed(DOCKER, "-H", sock, "pull", ref)
+    return seconds, None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+
+
+def cold_podman_pull(work, ref):
+    root = pathlib.Path(tempfile.mkdtemp(prefix="cold-podman-", dir=work))
+    run = tempfile.mkdtemp(prefix="podrun-")  # podman refuses a runroot path over 50 characters
+    try:
+        seconds, proc = timed("podman", "--root", str(root / "root"), "--runroot", run,
+                              "pull", "-q", "--tls-verify=false", ref)
+        return seconds, None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def skopeo_zstd(source, dest, level, insecure=True):
+    # zstd layers exist only in OCI manifests: say so for dir: (docker:// converts by itself).
+    args = ["skopeo", "copy", "--quiet", "--format", "oci", "--dest-compress-format", "zstd",
+            "--dest-compress-level", str(level)]
+    if dest.startswith("dir:"):
+        args.append("--dest-compress")
+    elif insecure:
+        args.append("--dest-tls-verify=false")
+    return timed(*args, source, dest)
+
+
+def publish(reg, image, name, level):
+    """Push image as reg/bench:name (gzip, docker push) and :name-zstd (skopeo). -> facts."""
+    gz_ref, zs_ref = f"{reg}/bench:{name}", f"{reg}/bench:{name}-zstd"
+    sh(DOCKER, "tag", image, gz_ref)
+    try:
+        log(f"docker push {gz_ref} (gzip)")
+        gz_s, proc = timed(DOCKER, "push", gz_ref)
+        if proc.returncode != 0:
+            raise RuntimeError(f"docker push {gz_ref}: {proc.stderr.strip()}")
+    finally:
+        sh(DOCKER, "image", "rm", gz_ref, check=False)
+    image_id = json.loads(sh(DOCKER, "image", "inspect", image).stdout)[0]["Id"]
+    log(f"skopeo copy -> {zs_ref} (zstd {level})")
+    zs_s, proc = skopeo_zstd(f"docker-daemon:{image_id}", f"docker://{zs_ref}", level)
+    if proc.returncode != 0:
+        raise RuntimeError(f"skopeo copy: {proc.stderr.strip()}")
+    facts = {"image": image, "gzip_ref": gz_ref, "zstd_ref": zs_ref, "gzip_push_s": gz_s, "zstd_push_s": zs_s}
+    for kind, ref in (("gzip", gz_ref), ("zstd", zs_ref)):
+        client = registry.Client(ref)
+        _, manifest = client.image_manifest()
+        facts[kind] = registry.layers(manifest)
+        facts[kind + "_config"] = json.loads(client.blob(manifest["config"]["digest"]))
+    return facts
+
+
+def layer_rows(facts):
+    """[(created_by, gzip bytes, zstd bytes)] per layer, in order; the step from the image history."""
+    history = [h for h in facts["gzip_config"].get("history", []) if not h.get("empty_layer")]
+    steps = [re.sub(r"\s+", " ", h.get("created_by", "?")) for h in history]
+    steps += ["?"] * (len(facts["gzip"]) - len(steps))
+    return [(step, gz[1], zs[1]) for step, gz, zs in zip(steps, facts["gzip"], facts["zstd"], strict=True)]
+
+
+def level_sweep(work, image, levels):
+    """-> [(level, seconds, bytes)]: the whole image compressed with zstd at each level."""
+    image_id = json.loads(sh(DOCKER, "image", "inspect", image).stdout)[0]["Id"]
+    results = []
+    for level in levels:
+        out = pathlib.Path(tempfile.mkdtemp(prefix=f"zstd-{level}-", dir=work))
+        try:
+            log(f"zstd level {level}: skopeo copy to {out}")
+            seconds, proc = skopeo_zstd(f"docker-daemon:{image_id}", f"dir:{out}", level)
+            if proc.returncode != 0:
+                raise RuntimeError(f"skopeo copy (level {level}): {proc.stderr.strip()}")
+            manifest = json.loads((out / "manifest.json").read_text())
+            results.append((level, seconds, sum(size for _, size, _ in registry.layers(manifest))))
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    return results
+
+
+def delta(old, new, kind):
+    """Bytes a node holding `old` downloads for `new`: new's layers whose digests old lacks."""
+    have = {digest for digest, _, _ in old[kind]}
+    return sum(size for digest, size, _ in new[kind] if digest not in have), \
+        sum(1 for digest, _, _ in new[kind] if digest not in have)
+
+
+def versions():
+    def first_line(*args):
+        try:
+            return sh(*args, check=False).stdout.strip().splitlines()[0]
+        except (OSError, IndexError):
+            return "absent"
+    return {"docker": first_line(DOCKER, "version", "--format", "{{.Server.Version}}"),
+            "skopeo": first_line("skopeo", "--version"), "podman": first_line("podman", "--version"),
+            "registry": first_line("docker-registry", "--version")}
+
+
+def gb(n):
+    return f"{n / 1e9:.2f} GB"
+
+
+def mb(n):
+    return f"{n / 1e6:.1f} MB" if n < 1e9 else gb(n)
+
+
+def report(o, main, pulls, sweep, deltas, env):
+    """The results file's text."""
+    rows = layer_rows(main)
+    gz_total, zs_total = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    lines = [
+        f"# Pull cost: compressed sizes, cold pulls, update deltas ({o.machine}, {o.date})", "",
+        "Question: what does a node download and how long does a cold pull take, gzip against zstd; "
+        "what does an update cost a node? ([docs/distributing.md](../../docs/distributing.md))", "",
+        f"- Image: `{o.image}` (`{o.image_id[:19]}`, {len(rows)} layers)",
+        f"- Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
+        f"{env['docker']} (dockerd), {env['skopeo']}, {env['podman']}, registry: {env['registry']} on 127.0.0.1",
+        f"- Command: `python3 benchmarks/bench_pull.py --image {o.image}"
+        + "".join(f" --delta {a} {b}" for a, b in o.delta) + (f" --levels {o.levels}" if o.levels else "")
+        + f" --zstd-level {o.zstd_level} --runs {o.runs} --machine {o.machine}"
+        + " --no-docker" * o.no_docker + " --no-podman" * o.no_podman + "`",
+        "- Cold: each Docker pull into a second dockerd on an empty data root, each Podman pull into an empty "
+        "--root; the registry on the same host, so the network costs nothing and the pull is mostly "
+        "download-to-disk plus decompression and unpacking.", "",
+        "## Compressed bytes per layer", "",
+        f"gzip: `docker push` (Docker {env['docker']}); zstd: `skopeo copy --dest-compress-format zstd "
+        f"--dest-compress-level {o.zstd_level}`.", "",
+        "| # | Step (image history) | gzip | zstd | zstd/gzip |", "|---|---|---|---|---|"]
+    for i, (step, gz, zs) in enumerate(rows, 1):
+        lines.append(f"| {i} | `{step[:90].replace('|', '/')}` | {mb(gz)} | {mb(zs)} | {zs / gz:.2f} |")
+    lines += [f"| | **total** | **{gb(gz_total)}** | **{gb(zs_total)}** | **{zs_total / gz_total:.2f}** |", "",
+              f"Push time (this host, registry on 127.0.0.1): gzip `docker push` {main['gzip_push_s']:.0f} s, "
+              f"zstd `skopeo copy` from the Docker daemon {main['zstd_push_s']:.0f} s.", ""]
+    if sweep:
+        lines += ["## zstd level (skopeo; the whole image, written to a directory)", "",
+                  "| level | bytes | vs gzip | seconds |", "|---|---|---|---|"]
+        lines += [f"| {lv} | {gb(n)} | {n / gz_total:.2f} | {s:.0f} |" for lv, s, n in sweep]
+        lines.append("")
+    lines += ["## Cold pull time", "", "| client | gzip | zstd | zstd/gzip |", "|---|---|---|---|"]
+    for client, results in pulls.items():
+        cells = []
+        for kind in ("gzip", "zstd"):
+            runs = results[kind]
+            errors = [e for _, e in runs if e]
+            cells.append(f"failed after {runs[0][0]:.0f} s: `{errors[0][:100]}`" if errors else
+                         " / ".join(f"{s:.0f} s" for s, _ in runs))
+        ok = all(not e for kind in ("gzip", "zstd") for _, e in results[kind])
+        ratio = (min(s for s, _ in results["zstd"]) / min(s for s, _ in results["gzip"])) if ok else None
+        lines.append(f"| {client} | {cells[0]} | {cells[1]} | {f'{ratio:.2f}' if ratio else '-'} |")
+    lines.append("")
+    if deltas:
+        lines += ["## Update deltas", "", "What a node that holds OLD downloads to run NEW: the compressed size of "
+                  "NEW's layers whose digests OLD lacks (both pushed to the one registry).", "",
+                  "| OLD -> NEW | layers | gzip | zstd |", "|---|---|---|---|"]
+        for (a, b), (gz, zs) in deltas.items():
+            lines.append(f"| `{a}` -> `{b}` | {gz[1]} of {gz[2]} | {mb(gz[0])} | {mb(zs[0])} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--image", required=True, help="the image to measure (a local Docker image)")
+    ap.add_argument("--delta", nargs=2, action="append", default=[], metavar=("OLD", "NEW"),
+                    help="two local images: what a node holding OLD downloads for NEW (repeatable)")
+    ap.add_argument("--levels", default="", help="zstd levels to compare, e.g. 1,3,7,11 (skopeo's encoder "
+                                                 "has four speeds: below 3, 3-5, 6-9, 10 and up)")
+    ap.add_argument("--zstd-level", type=int, default=3, help="the level of the -zstd tag measured")
+    ap.add_argument("--runs", type=int, default=1, help="cold pulls of each kind per client")
+    ap.add_argument("--machine", default=f"{os.cpu_count()}core", help="file name part: the machine")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--work", default="/var/tmp", help="where the registry and the cold stores live")
+    ap.add_argument("--no-docker", action="store_true", help="skip the cold Docker pulls")
+    ap.add_argument("--no-podman", action="store_true", help="skip the cold Podman pulls")
+    o = ap.parse_args(argv)
+    o.date = datetime.date.today().isoformat()
+    return o
+
+
+def main(argv):
+    o = parse(argv)
+    # By image id from here on: a rebuild under the same tag while this runs changes nothing.
+    ids = {image: json.loads(sh(DOCKER, "image", "inspect", image).stdout)[0]["Id"]
+           for image in {o.image, *(i for pair in o.delta for i in pair)}}
+    o.image_id = ids[o.image]
+    work = pathlib.Path(tempfile.mkdtemp(prefix="bench-pull-", dir=o.work))
+    try:
+        with local_registry(work) as reg:
+            main_facts = publish(reg, ids[o.image], "main", o.zstd_level)
+            pulls = {}
+            clients = ([("docker", cold_docker_pull)] if not o.no_docker else []) + (
+                [("podman", cold_podman_pull)] if not o.no_podman and shutil.which("podman") else [])
+            for client, pull in clients:
+                pulls[client] = {"gzip": [], "zstd": []}
+                for _ in range(o.runs):
+                    for kind in ("gzip", "zstd"):
+                        log(f"cold {client} pull ({kind})")
+                        pulls[client][kind].append(pull(work, main_facts[f"{kind}_ref"]))
+                        log(f"  {pulls[client][kind][-1]}")
+            published, deltas = {o.image: main_facts}, {}
+            for i, (old, new) in enumerate(o.delta):
+                for image in (old, new):
+                    if image not in published:
+                        published[image] = publish(reg, ids[image], f"d{i}-{len(published)}", o.zstd_level)
+                deltas[(old, new)] = tuple(delta(published[old], published[new], kind) + (len(published[new][kind]),)
+                                           for kind in ("gzip", "zstd"))
+        sweep = level_sweep(work, ids[o.image], [int(x) for x in o.levels.split(",") if x]) if o.levels else []
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = report(o, main_facts, pulls, sweep, deltas, versions())
+    path = pathlib.Path(o.out) / f"pull_{o.machine}_{o.date}.md"
+    path.write_text(text)
+    print(text)
+    log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
