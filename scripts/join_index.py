@@ -2,7 +2,9 @@
 """The release workflow's join: the images each platform's native build pushed by digest become
 one index (manifest list) that signing, attestation and tagging then treat as one image.
 
-Usage: join_index.py REPOSITORY ROW DIGESTS_DIR
+Usage: join_index.py REPOSITORY ROW DIGESTS_DIR [SUFFIX]
+  SUFFIX (e.g. -zstd: the zstd-layered builds) goes on the staging tag, so the two joins of a row
+  do not share one.
   DIGESTS_DIR holds one file per platform, named by its architecture (amd64, arm64), holding the
   digest that platform's build pushed (an index of its image and its SBOM/provenance). Every
   platform versions.json gives the row must be there. The sources are joined with
@@ -63,11 +65,11 @@ def sources(repository, row, folder):
 
 
 def main(argv):
-    if len(argv) != 3:
+    if len(argv) not in (3, 4):
         sys.exit(__doc__)
-    repository, row, folder = argv
+    repository, row, folder = argv[:3]
     built = sources(repository, row, folder)
-    staging = f"{repository}:staging-{row}"
+    staging = f"{repository}:staging-{row}{argv[3] if len(argv) == 4 else ''}"
     docker("buildx", "imagetools", "create", "-t", staging, *built.values())
     # The digest first, then everything read by digest: the tag may move under us, a digest not.
     digest = json.loads(docker("buildx", "imagetools", "inspect", staging, "--format", "{{json .Manifest}}"))["digest"]

@@ -96,3 +96,26 @@ def test_push_zstd_without_skopeo_refuses_before_pushing_anything(local_registry
     assert result.returncode != 0 and "apt-get install skopeo" in result.stderr, result.stderr
     tags = requests.get(f"http://{local_registry}/v2/{NAME}/tags/list", timeout=10)
     assert tags.status_code == 404 or not tags.json().get("tags"), f"pushed anyway: {tags.text}"
+
+
+def test_release_publishes_every_tag_also_as_zstd_signed_at_the_makefiles_level():
+    """release.yml should build each platform again with zstd layers at the Makefile's ZSTD_LEVEL,
+    join, sign and verify that index too, and hand it to publish-digest.sh, which tags it <tag>-zstd
+    (in the publish job and in a release's promotion)."""
+    from test_publish import ROOT, load_workflow
+    wf = load_workflow(ROOT / ".github" / "workflows" / "release.yml")
+    level = re.search(r"^ZSTD_LEVEL\s*\?=\s*(\d+)", (ROOT / "Makefile").read_text(), re.MULTILINE).group(1)
+    assert str(wf["env"]["ZSTD_LEVEL"]) == level, f"release.yml ZSTD_LEVEL {wf['env']['ZSTD_LEVEL']}, Makefile {level}"
+    builds = [s for s in wf["jobs"]["build"]["steps"] if "build-push-action" in s.get("uses", "")]
+    zstd = [s for s in builds if "compression=zstd" in s["with"]["outputs"]]
+    assert len(builds) == 2 and len(zstd) == 1, f"want one gzip and one zstd build: {[b['with']['outputs'] for b in builds]}"
+    assert "compression-level=${{ env.ZSTD_LEVEL }}" in zstd[0]["with"]["outputs"] \
+        and "force-compression=true" in zstd[0]["with"]["outputs"], zstd[0]["with"]["outputs"]
+    for job in ("publish", "promote"):
+        steps = wf["jobs"][job]["steps"]
+        runs = "\n".join(s.get("run", "") for s in steps)
+        tag = next(s for s in steps if "publish-digest.sh" in s.get("run", ""))
+        assert tag["run"].rstrip().endswith('"$ZSTD_DIGEST"') and "ZSTD_DIGEST" in tag["env"], f"{job}: {tag}"
+        assert 'for d in "$DIGEST" "$ZSTD_DIGEST"' in runs, f"{job}: the zstd digest's signature is not checked"
+    script = (ROOT / "scripts" / "publish-digest.sh").read_text()
+    assert 'publish "$zstd_digest" -zstd' in script, "publish-digest.sh does not tag the zstd digest <tag>-zstd"
