@@ -32,7 +32,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-import registry  # noqa: E402 - scripts/ is no package
+import registry
 
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
 
@@ -41,9 +41,8 @@ def log(message):
     print(f"[{datetime.datetime.now(datetime.UTC):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
 
 
-def sh(*args, **kw):
-    kw.setdefault("check", True)
-    return subprocess.run(args, capture_output=True, text=True, **kw)
+def sh(*args, check=True):
+    return subprocess.run(args, capture_output=True, text=True, check=check)
 
 
 def timed(*args):
@@ -212,27 +211,27 @@ def report(o, main, pulls, sweep, deltas, env):
     gz_total, zs_total = sum(r[1] for r in rows), sum(r[2] for r in rows)
     lines = [
         f"# Pull cost: compressed sizes, cold pulls, update deltas ({o.machine}, {o.date})", "",
-        "Question: what does a node download and how long does a cold pull take, gzip against zstd; "
-        "what does an update cost a node? ([docs/distributing.md](../../docs/distributing.md))", "",
+        ("Question: what does a node download and how long does a cold pull take, gzip against zstd; "
+        "what does an update cost a node? ([docs/distributing.md](../../docs/distributing.md))"), "",
         f"- Image: `{o.image}` (`{o.image_id[:19]}`, {len(rows)} layers)",
-        f"- Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
-        f"{env['docker']} (dockerd), {env['skopeo']}, {env['podman']}, registry: {env['registry']} on 127.0.0.1",
+        (f"- Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
+        f"{env['docker']} (dockerd), {env['skopeo']}, {env['podman']}, registry: {env['registry']} on 127.0.0.1"),
         f"- Command: `python3 benchmarks/bench_pull.py --image {o.image}"
         + "".join(f" --delta {a} {b}" for a, b in o.delta) + (f" --levels {o.levels}" if o.levels else "")
         + f" --zstd-level {o.zstd_level} --runs {o.runs} --machine {o.machine}"
         + " --no-docker" * o.no_docker + " --no-podman" * o.no_podman + "`",
-        "- Cold: each Docker pull into a second dockerd on an empty data root, each Podman pull into an empty "
+        ("- Cold: each Docker pull into a second dockerd on an empty data root, each Podman pull into an empty "
         "--root; the registry on the same host, so the network costs nothing and the pull is mostly "
-        "download-to-disk plus decompression and unpacking.", "",
+        "download-to-disk plus decompression and unpacking."), "",
         "## Compressed bytes per layer", "",
-        f"gzip: `docker push` (Docker {env['docker']}); zstd: `skopeo copy --dest-compress-format zstd "
-        f"--dest-compress-level {o.zstd_level}`.", "",
+        (f"gzip: `docker push` (Docker {env['docker']}); zstd: `skopeo copy --dest-compress-format zstd "
+        f"--dest-compress-level {o.zstd_level}`."), "",
         "| # | Step (image history) | gzip | zstd | zstd/gzip |", "|---|---|---|---|---|"]
     for i, (step, gz, zs) in enumerate(rows, 1):
         lines.append(f"| {i} | `{step[:90].replace('|', '/')}` | {mb(gz)} | {mb(zs)} | {zs / gz:.2f} |")
     lines += [f"| | **total** | **{gb(gz_total)}** | **{gb(zs_total)}** | **{zs_total / gz_total:.2f}** |", "",
-              f"Push time (this host, registry on 127.0.0.1): gzip `docker push` {main['gzip_push_s']:.0f} s, "
-              f"zstd `skopeo copy` from the Docker daemon {main['zstd_push_s']:.0f} s.", ""]
+              (f"Push time (this host, registry on 127.0.0.1): gzip `docker push` {main['gzip_push_s']:.0f} s, "
+              f"zstd `skopeo copy` from the Docker daemon {main['zstd_push_s']:.0f} s."), ""]
     if sweep:
         lines += ["## zstd level (skopeo; the whole image, written to a directory)", "",
                   "| level | bytes | vs gzip | seconds |", "|---|---|---|---|"]
@@ -251,8 +250,8 @@ def report(o, main, pulls, sweep, deltas, env):
         lines.append(f"| {client} | {cells[0]} | {cells[1]} | {f'{ratio:.2f}' if ratio else '-'} |")
     lines.append("")
     if deltas:
-        lines += ["## Update deltas", "", "What a node that holds OLD downloads to run NEW: the compressed size of "
-                  "NEW's layers whose digests OLD lacks (both pushed to the one registry).", "",
+        lines += ["## Update deltas", "", ("What a node that holds OLD downloads to run NEW: the compressed size of "
+                  "NEW's layers whose digests OLD lacks (both pushed to the one registry)."), "",
                   "| OLD -> NEW | layers | gzip | zstd |", "|---|---|---|---|"]
         for (a, b), (gz, zs) in deltas.items():
             lines.append(f"| `{a}` -> `{b}` | {gz[1]} of {gz[2]} | {mb(gz[0])} | {mb(zs[0])} |")

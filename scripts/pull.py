@@ -100,16 +100,16 @@ def check_disk(o, ref, manifest):
 
 # docker pull's own failures, as the one line to print: (pattern in its output, message).
 PULL_FAILURES = [
-    (r"no space left on device", "the disk filled up during the pull ({detail}): free space in Docker's "
+    (r"no space left on device", ("the disk filled up during the pull ({detail}): free space in Docker's "
      "data directory (docker image prune, docker system df), then run make pull again; layers already "
-     "downloaded are kept, and nothing was tagged"),
-    (r"invalid tar header|unsupported compression|zstd", "Docker could not unpack a layer ({detail}): the "
-     "image may have zstd layers (Docker 23.0 or newer reads them): pull the gzip tag instead"),
-    (r"unauthorized|authentication required|denied", "the registry refused the download ({detail}): "
-     "docker login {host}, then run make pull again"),
+     "downloaded are kept, and nothing was tagged")),
+    (r"invalid tar header|unsupported compression|zstd", ("Docker could not unpack a layer ({detail}): the "
+     "image may have zstd layers (Docker 23.0 or newer reads them): pull the gzip tag instead")),
+    (r"unauthorized|authentication required|denied", ("the registry refused the download ({detail}): "
+     "docker login {host}, then run make pull again")),
     (r"connection refused|no such host|i/o timeout|TLS handshake|dial tcp|connection reset",
-     "the download from {host} broke off ({detail}): check the network, then run make pull again "
-     "(layers already downloaded are kept)"),
+     ("the download from {host} broke off ({detail}): check the network, then run make pull again "
+     "(layers already downloaded are kept)")),
 ]
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import tarfile
 import threading
@@ -150,7 +151,7 @@ class FakeRegistry(http.server.ThreadingHTTPServer):
 
 
 class FakeHandler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         s = self.server
         if s.status != 200 or s.manifest is None:
             self.send_response(s.status)
@@ -211,24 +212,15 @@ def test_make_pull_says_in_one_line_what_a_failing_registry_means(fake_registry,
 
 def test_make_pull_from_an_unreachable_registry_says_so(docker_client):
     """make pull from a port nobody listens on should say the registry cannot be reached."""
-    with socket_closed_port() as port:
-        result = pull(f"127.0.0.1:{port}", "x")
+    result = pull(f"127.0.0.1:{closed_port()}", "x")
     assert result.returncode != 0 and "cannot reach the registry 127.0.0.1:" in result.stderr, result.stderr
 
 
-class socket_closed_port:  # noqa: N801 - used as a context manager
+def closed_port():
     """A port that was free a moment ago and has no listener."""
-
-    def __enter__(self):
-        import socket
-        s = socket.socket()
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
-        return self.port
-
-    def __exit__(self, *exc):
-        return False
+        return s.getsockname()[1]
 
 
 def test_make_pull_refuses_a_manifest_whose_digest_is_not_what_the_registry_claims(fake_registry,
@@ -262,9 +254,9 @@ def test_make_pull_refuses_before_downloading_what_the_disk_cannot_hold(fake_reg
 def test_a_disk_filling_up_during_the_pull_gets_one_line_and_no_tag(publish, docker_client, tmp_path):
     """docker pull failing with ENOSPC (a fake docker: this host's disk cannot be filled) should give
     the one line about the disk, and leave REF untagged."""
-    registry, tag, digest = publish()
-    _, env = fake_docker(tmp_path, pull_output=f"failed to register layer: write /var/lib/docker/tmp/x: "
-                                                f"no space left on device")
+    registry, tag, _ = publish()
+    _, env = fake_docker(tmp_path, pull_output="failed to register layer: write /var/lib/docker/tmp/x: "
+                                                "no space left on device")
     result = pull(registry, tag, env=env)
     assert result.returncode != 0 and "the disk filled up during the pull" in result.stderr, result.stderr
     assert gone(docker_client, f"{registry}/{NAME}:{tag}"), "REF was tagged after a failed pull"
@@ -297,11 +289,11 @@ class SlowProxy(http.server.ThreadingHTTPServer):
 
 
 class ProxyHandler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         req = urllib.request.Request(f"http://{self.server.upstream}{self.path}", method=self.command,
                                      headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
         try:
-            r = urllib.request.urlopen(req, timeout=30)  # noqa: S310 - the test's own registry
+            r = urllib.request.urlopen(req, timeout=30)
         except urllib.error.HTTPError as e:
             r = e
         self.send_response(r.status)
@@ -356,13 +348,8 @@ def test_run_preflight_with_a_registry_does_not_ask_for_the_base(tmp_path):
     missing base (make build checks that itself, if the registry has none)."""
     args = ["python3", "scripts/doctor.py", "preflight", "--for", "run", "--image", f"{NAME}:absent",
             "--base", "team-dl-no-such-base:1", "--registry-probe", "http://127.0.0.1:9/v2/",
-            "--port", f"PORT_JUPYTER={free_port()}", "--port", f"PORT_SSH={free_port()}"]
+            "--port", f"PORT_JUPYTER={closed_port()}", "--port", f"PORT_SSH={closed_port()}"]
     plain = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
     assert plain.returncode != 0 and "base image" in plain.stdout + plain.stderr, plain.stdout
     pulls = subprocess.run([*args, "--pull-first"], cwd=ROOT, capture_output=True, text=True, check=False)
     assert pulls.returncode == 0, f"preflight stopped a pulling make run:\n{pulls.stdout}{pulls.stderr}"
-
-
-def free_port():
-    with socket_closed_port() as port:
-        return port
