@@ -55,6 +55,7 @@ def timed(*args):
 @contextlib.contextmanager
 def local_registry(work):
     """Debian's docker-registry on 127.0.0.1:<a port it picks>, storing under work. -> host:port."""
+    work.mkdir(parents=True, exist_ok=True)
     config, log_path = work / "registry.yml", work / "registry.log"
     config.write_text(f"version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: "
                       f"{work / 'registry-data'}\nhttp:\n  addr: 127.0.0.1:0\n")
@@ -80,9 +81,14 @@ def cold_dockerd(work):
     """A second dockerd on an empty data root (no bridge, no iptables: it only pulls). -> its -H."""
     root = pathlib.Path(tempfile.mkdtemp(prefix="cold-dockerd-", dir=work))
     sock = f"unix://{root}/docker.sock"
+    # Its own bridge, never `--bridge none`: a dockerd without a bridge deletes docker0 at start
+    # (moby daemon_unix.go removeDefaultBridgeInterface), which cuts every running container of
+    # the main engine off its published ports. (Found by the lead: docker0 vanished mid-tests.)
+    bridge = f"coldbr{os.getpid() % 100000}"
+    sh("ip", "link", "add", bridge, "type", "bridge")
     with open(root / "dockerd.log", "wb") as out:
         proc = subprocess.Popen(["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-                                 "--pidfile", str(root / "pid"), "-H", sock, "--bridge", "none",
+                                 "--pidfile", str(root / "pid"), "-H", sock, "--bridge", bridge,
                                  "--iptables=false", "--ip-masq=false"], stdout=out, stderr=subprocess.STDOUT)
     try:
         for _ in range(150):
@@ -95,6 +101,7 @@ def cold_dockerd(work):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        sh("ip", "link", "delete", bridge, check=False)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -117,20 +124,20 @@ def cold_podman_pull(work, ref):
         shutil.rmtree(run, ignore_errors=True)
 
 
-def skopeo_zstd(source, dest, level, insecure=True):
+def skopeo_zstd(source, dest, level):
+    """skopeo copy recompressing every layer with zstd; the registry here is plain http."""
     # zstd layers exist only in OCI manifests: say so for dir: (docker:// converts by itself).
     args = ["skopeo", "copy", "--quiet", "--format", "oci", "--dest-compress-format", "zstd",
-            "--dest-compress-level", str(level)]
-    if dest.startswith("dir:"):
-        args.append("--dest-compress")
-    elif insecure:
-        args.append("--dest-tls-verify=false")
+            "--dest-compress-level", str(level), "--src-tls-verify=false"]
+    args.append("--dest-compress" if dest.startswith("dir:") else "--dest-tls-verify=false")
     return timed(*args, source, dest)
 
 
-def publish(reg, image, name, level):
-    """Push image as reg/bench:name (gzip, docker push) and :name-zstd (skopeo). -> facts."""
-    gz_ref, zs_ref = f"{reg}/bench:{name}", f"{reg}/bench:{name}-zstd"
+def publish(regs, image, name, level):
+    """Push image as GZIP_REGISTRY/bench:name (docker push) and ZSTD_REGISTRY/bench:name-zstd
+    (skopeo recompressing the gzip one). Two registries: with the gzip blobs at its destination,
+    skopeo 1.9 reuses them instead of recompressing (its -zstd image would hold gzip layers). -> facts."""
+    gz_ref, zs_ref = f"{regs[0]}/bench:{name}", f"{regs[1]}/bench:{name}-zstd"
     sh(DOCKER, "tag", image, gz_ref)
     try:
         log(f"docker push {gz_ref} (gzip)")
@@ -139,9 +146,8 @@ def publish(reg, image, name, level):
             raise RuntimeError(f"docker push {gz_ref}: {proc.stderr.strip()}")
     finally:
         sh(DOCKER, "image", "rm", gz_ref, check=False)
-    image_id = json.loads(sh(DOCKER, "image", "inspect", image).stdout)[0]["Id"]
-    log(f"skopeo copy -> {zs_ref} (zstd {level})")
-    zs_s, proc = skopeo_zstd(f"docker-daemon:{image_id}", f"docker://{zs_ref}", level)
+    log(f"skopeo copy {gz_ref} -> {zs_ref} (zstd {level})")
+    zs_s, proc = skopeo_zstd(f"docker://{gz_ref}", f"docker://{zs_ref}", level)
     if proc.returncode != 0:
         raise RuntimeError(f"skopeo copy: {proc.stderr.strip()}")
     facts = {"image": image, "gzip_ref": gz_ref, "zstd_ref": zs_ref, "gzip_push_s": gz_s, "zstd_push_s": zs_s}
@@ -150,6 +156,9 @@ def publish(reg, image, name, level):
         _, manifest = client.image_manifest()
         facts[kind] = registry.layers(manifest)
         facts[kind + "_config"] = json.loads(client.blob(manifest["config"]["digest"]))
+    wrong = [media for _, _, media in facts["zstd"] if not media.endswith("+zstd")]
+    if wrong:
+        raise RuntimeError(f"{zs_ref} holds layers that are not zstd: {wrong}")
     return facts
 
 
@@ -161,15 +170,24 @@ def layer_rows(facts):
     return [(step, gz[1], zs[1]) for step, gz, zs in zip(steps, facts["gzip"], facts["zstd"], strict=True)]
 
 
-def level_sweep(work, image, levels):
-    """-> [(level, seconds, bytes)]: the whole image compressed with zstd at each level."""
-    image_id = json.loads(sh(DOCKER, "image", "inspect", image).stdout)[0]["Id"]
+def free_bytes(path):
+    return shutil.disk_usage(path).free
+
+
+def level_sweep(work, source, levels, need, notes):
+    """-> [(level, seconds, bytes)]: the whole image (source: its gzip tag in the registry here)
+    recompressed with zstd at each level into a directory; a level is skipped, and noted, when
+    the disk has less than `need` bytes free (the disk is shared)."""
     results = []
     for level in levels:
+        if free_bytes(work) < need:
+            notes.append(f"zstd level {level} not measured: {free_bytes(work) / 1e9:.0f} GB free, "
+                         f"{need / 1e9:.0f} GB wanted")
+            continue
         out = pathlib.Path(tempfile.mkdtemp(prefix=f"zstd-{level}-", dir=work))
         try:
             log(f"zstd level {level}: skopeo copy to {out}")
-            seconds, proc = skopeo_zstd(f"docker-daemon:{image_id}", f"dir:{out}", level)
+            seconds, proc = skopeo_zstd(f"docker://{source}", f"dir:{out}", level)
             if proc.returncode != 0:
                 raise RuntimeError(f"skopeo copy (level {level}): {proc.stderr.strip()}")
             manifest = json.loads((out / "manifest.json").read_text())
@@ -205,7 +223,7 @@ def mb(n):
     return f"{n / 1e6:.1f} MB" if n < 1e9 else gb(n)
 
 
-def report(o, main, pulls, sweep, deltas, env):
+def report(o, main, pulls, sweep, deltas, env, notes):
     """The results file's text."""
     rows = layer_rows(main)
     gz_total, zs_total = sum(r[1] for r in rows), sum(r[2] for r in rows)
@@ -231,14 +249,17 @@ def report(o, main, pulls, sweep, deltas, env):
         lines.append(f"| {i} | `{step[:90].replace('|', '/')}` | {mb(gz)} | {mb(zs)} | {zs / gz:.2f} |")
     lines += [f"| | **total** | **{gb(gz_total)}** | **{gb(zs_total)}** | **{zs_total / gz_total:.2f}** |", "",
               (f"Push time (this host, registry on 127.0.0.1): gzip `docker push` {main['gzip_push_s']:.0f} s, "
-              f"zstd `skopeo copy` from the Docker daemon {main['zstd_push_s']:.0f} s."), ""]
+              f"zstd `skopeo copy` recompressing that gzip image, registry to registry, {main['zstd_push_s']:.0f} s."), ""]
     if sweep:
-        lines += ["## zstd level (skopeo; the whole image, written to a directory)", "",
+        lines += ["## zstd level (skopeo; the whole image from its gzip tag, written to a directory)", "",
                   "| level | bytes | vs gzip | seconds |", "|---|---|---|---|"]
         lines += [f"| {lv} | {gb(n)} | {n / gz_total:.2f} | {s:.0f} |" for lv, s, n in sweep]
         lines.append("")
-    lines += ["## Cold pull time", "", "| client | gzip | zstd | zstd/gzip |", "|---|---|---|---|"]
+    if pulls:
+        lines += ["## Cold pull time", "", "| client | gzip | zstd | zstd/gzip |", "|---|---|---|---|"]
     for client, results in pulls.items():
+        if not results["gzip"] or not results["zstd"]:
+            continue
         cells = []
         for kind in ("gzip", "zstd"):
             runs = results[kind]
@@ -256,6 +277,8 @@ def report(o, main, pulls, sweep, deltas, env):
         for (a, b), (gz, zs) in deltas.items():
             lines.append(f"| `{a}` -> `{b}` | {gz[1]} of {gz[2]} | {mb(gz[0])} | {mb(zs[0])} |")
         lines.append("")
+    if notes:
+        lines += ["## Not measured in this run", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines) + "\n"
 
 
@@ -270,7 +293,7 @@ def parse(argv):
     ap.add_argument("--runs", type=int, default=1, help="cold pulls of each kind per client")
     ap.add_argument("--machine", default=f"{os.cpu_count()}core", help="file name part: the machine")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    ap.add_argument("--work", default="/var/tmp", help="where the registry and the cold stores live")
+    ap.add_argument("--work", default="/var/tmp", help="where the registry, the level sweep and the cold stores live")
     ap.add_argument("--no-docker", action="store_true", help="skip the cold Docker pulls")
     ap.add_argument("--no-podman", action="store_true", help="skip the cold Podman pulls")
     o = ap.parse_args(argv)
@@ -285,34 +308,50 @@ def main(argv):
            for image in {o.image, *(i for pair in o.delta for i in pair)}}
     o.image_id = ids[o.image]
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-pull-", dir=o.work))
+    main_facts, pulls, sweep, deltas, notes = None, {}, [], {}, []
     try:
-        with local_registry(work) as reg:
+        with local_registry(work / "gzip") as gz_reg, local_registry(work / "zstd") as zs_reg:
+            reg = (gz_reg, zs_reg)
             main_facts = publish(reg, ids[o.image], "main", o.zstd_level)
-            pulls = {}
-            clients = ([("docker", cold_docker_pull)] if not o.no_docker else []) + (
-                [("podman", cold_podman_pull)] if not o.no_podman and shutil.which("podman") else [])
-            for client, pull in clients:
-                pulls[client] = {"gzip": [], "zstd": []}
-                for _ in range(o.runs):
-                    for kind in ("gzip", "zstd"):
-                        log(f"cold {client} pull ({kind})")
-                        pulls[client][kind].append(pull(work, main_facts[f"{kind}_ref"]))
-                        log(f"  {pulls[client][kind][-1]}")
-            published, deltas = {o.image: main_facts}, {}
+            gz_total = sum(size for _, size, _ in main_facts["gzip"])
+            published = {o.image: main_facts}
             for i, (old, new) in enumerate(o.delta):
                 for image in (old, new):
                     if image not in published:
                         published[image] = publish(reg, ids[image], f"d{i}-{len(published)}", o.zstd_level)
                 deltas[(old, new)] = tuple(delta(published[old], published[new], kind) + (len(published[new][kind]),)
                                            for kind in ("gzip", "zstd"))
-        sweep = level_sweep(work, ids[o.image], [int(x) for x in o.levels.split(",") if x]) if o.levels else []
+            levels = [int(x) for x in o.levels.split(",") if x]
+            sweep = level_sweep(work, main_facts["gzip_ref"], levels, gz_total + 5e9, notes)
+            cold_pulls(o, work, main_facts, gz_total, pulls, notes)
+    except Exception as e:  # the measurements so far still go into the file, with the failure
+        notes.append(f"the run stopped: {type(e).__name__}: {str(e)[:300]}")
+        raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = report(o, main_facts, pulls, sweep, deltas, versions())
-    path = pathlib.Path(o.out) / f"pull_{o.machine}_{o.date}.md"
-    path.write_text(text)
-    print(text)
-    log(f"wrote {path}")
+        if main_facts:
+            text = report(o, main_facts, pulls, sweep, deltas, versions(), notes)
+            path = pathlib.Path(o.out) / f"pull_{o.machine}_{o.date}.md"
+            path.write_text(text)
+            print(text)
+            log(f"wrote {path}")
+
+
+def cold_pulls(o, work, facts, gz_total, pulls, notes):
+    """Each client's cold pulls of both tags, o.runs times; skipped (and noted) when the shared disk
+    cannot hold an unpacked copy (about 3x the gzip download, with 5 GB to spare)."""
+    clients = ([("docker", cold_docker_pull)] if not o.no_docker else []) + (
+        [("podman", cold_podman_pull)] if not o.no_podman and shutil.which("podman") else [])
+    for client, pull in clients:
+        pulls[client] = {"gzip": [], "zstd": []}
+        for _ in range(o.runs):
+            for kind in ("gzip", "zstd"):
+                if free_bytes(work) < 3 * gz_total + 5e9:
+                    notes.append(f"a cold {client} pull ({kind}) skipped: {free_bytes(work) / 1e9:.0f} GB free")
+                    continue
+                log(f"cold {client} pull ({kind})")
+                pulls[client][kind].append(pull(work, facts[f"{kind}_ref"]))
+                log(f"  {pulls[client][kind][-1]}")
 
 
 if __name__ == "__main__":
