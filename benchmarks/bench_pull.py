@@ -165,7 +165,7 @@ def publish(regs, image, name, level):
 def layer_rows(facts):
     """[(created_by, gzip bytes, zstd bytes)] per layer, in order; the step from the image history."""
     history = [h for h in facts["gzip_config"].get("history", []) if not h.get("empty_layer")]
-    steps = [re.sub(r"\s+", " ", h.get("created_by", "?")) for h in history]
+    steps = [re.sub(r"\s+", " ", h.get("created_by") or "(base image)") for h in history]
     steps += ["?"] * (len(facts["gzip"]) - len(steps))
     return [(step, gz[1], zs[1]) for step, gz, zs in zip(steps, facts["gzip"], facts["zstd"], strict=True)]
 
@@ -174,11 +174,10 @@ def free_bytes(path):
     return shutil.disk_usage(path).free
 
 
-def level_sweep(work, source, levels, need, notes):
-    """-> [(level, seconds, bytes)]: the whole image (source: its gzip tag in the registry here)
-    recompressed with zstd at each level into a directory; a level is skipped, and noted, when
-    the disk has less than `need` bytes free (the disk is shared)."""
-    results = []
+def level_sweep(work, source, levels, need, notes, results):
+    """Append (level, seconds, bytes) to results (kept when a later level fails): the whole image
+    (source: its gzip tag in the registry here) recompressed with zstd at each level into a
+    directory; a level is skipped, and noted, when the disk has less than `need` bytes free."""
     for level in levels:
         if free_bytes(work) < need:
             notes.append(f"zstd level {level} not measured: {free_bytes(work) / 1e9:.0f} GB free, "
@@ -194,7 +193,6 @@ def level_sweep(work, source, levels, need, notes):
             results.append((level, seconds, sum(size for _, size, _ in registry.layers(manifest))))
         finally:
             shutil.rmtree(out, ignore_errors=True)
-    return results
 
 
 def delta(old, new, kind):
@@ -322,7 +320,7 @@ def main(argv):
                 deltas[(old, new)] = tuple(delta(published[old], published[new], kind) + (len(published[new][kind]),)
                                            for kind in ("gzip", "zstd"))
             levels = [int(x) for x in o.levels.split(",") if x]
-            sweep = level_sweep(work, main_facts["gzip_ref"], levels, gz_total + 5e9, notes)
+            level_sweep(work, main_facts["gzip_ref"], levels, gz_total + 5e9, notes, sweep)
             cold_pulls(o, work, main_facts, gz_total, pulls, notes)
     except Exception as e:  # the measurements so far still go into the file, with the failure
         notes.append(f"the run stopped: {type(e).__name__}: {str(e)[:300]}")
