@@ -244,7 +244,7 @@ FORCE       ?=## FORCE=1: let make push replace an immutable tag that names anot
 PUSH_WORKTREE ?= .## git work tree the image was built from (make push refuses it dirty)
 PUBLISH_DIR ?= artifacts/publish## where make push/manifest write the publish record and manifest
 ZSTD        ?=## 1: make push also pushes every tag as <tag>-zstd (zstd layers, through skopeo)
-ZSTD_LEVEL  ?= 3## zstd level for ZSTD=1 (benchmarks/results/pull_*.md: why this one)
+ZSTD_LEVEL  ?= 7## zstd level for ZSTD=1 (benchmarks/results/pull_2core_2026-12-05.md: 2.69 GB, 3 gives 2.98)
 
 .PHONY: tags push manifest
 tags: ## Print the tags make push publishes: descriptive, sha-<sha>, then the moving ones

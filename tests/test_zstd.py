@@ -58,7 +58,7 @@ def test_push_zstd_publishes_every_tag_also_with_zstd_layers(local_registry, wor
         assert all(m.endswith("tar.gzip") for m in layer_types(local_registry, t)), layer_types(local_registry, t)
         assert layer_types(local_registry, t + "-zstd") == {"application/vnd.oci.image.layer.v1.tar+zstd"}, t
     record = json.loads((tmp_path / "publish" / f"{tag}.json").read_text())
-    assert re.fullmatch(r"sha256:[0-9a-f]{64}", record["zstd"]["digest"]) and record["zstd"]["level"] == 3, record
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", record["zstd"]["digest"]) and record["zstd"]["level"] == 7, record
 
 
 def test_zstd_tag_runs_under_podman_and_this_docker_is_told_in_one_line(local_registry, worktree,  # noqa: F811
