@@ -119,10 +119,11 @@ cd /workspace || exit 1
 # Jupyter gets neither the root environment's extras nor the ready URL (it holds the token);
 # its settings come from /etc/jupyter/jupyter_server_config.py, which reads TEAM_JUPYTER_DIR.
 # Everything it and its kernels print goes through the redactor (jupyter-log-redact), so no
-# token or password reaches `docker logs`; the redactor ends when Jupyter closes the pipe.
+# token or password reaches `docker logs`; the redactor ends when Jupyter closes the pipe. It
+# runs as the user too: it reads only that user's token files, and root gains nothing.
 as_nb_user --exec env -u TEAM_JUPYTER_URL -u SSHD_ENABLED HOME="$NB_HOME" USER="$run_as" LOGNAME="$run_as" \
   SHELL=/bin/bash jupyter lab \
-  > >(/usr/local/lib/team/jupyter-log-redact "$TEAM_JUPYTER_DIR" >&2) 2>&1 &
+  > >(as_nb_user --exec /usr/local/lib/team/jupyter-log-redact "$TEAM_JUPYTER_DIR" >&2) 2>&1 &
 jupyter_pid=$!
 set +m
 

@@ -90,6 +90,13 @@ _jupyter_step() {
     fi
   fi
 
+  # A line break (or another control character) in the token: Jupyter would take it as part of
+  # the token, which then can be neither typed nor put in a URL; usually a file's or a
+  # compose value's second line pasted in by mistake.
+  if [ "$kind" = token ] && [[ $token == *[[:cntrl:]]* ]]; then
+    log_error "${JUPYTER_TOKEN_FILE:+The first line of }${JUPYTER_TOKEN_FILE:-JUPYTER_TOKEN} holds a line break or another control character, so no browser could send it. Fix: one line of letters and digits, e.g. -e JUPYTER_TOKEN=\$(openssl rand -hex 24), or put it in a file: -v \$PWD/token:/run/secrets/jupyter_token:ro -e JUPYTER_TOKEN_FILE=/run/secrets/jupyter_token"
+    exit 64
+  fi
   if [ "$kind" = token ] && [ -z "$token" ]; then
     if [ "${JUPYTER_ALLOW_INSECURE:-0}" != 1 ]; then
       log_error "The Jupyter token is empty: that would let anyone who reaches port $port run code as $NB_USER. Fix: remove JUPYTER_TOKEN to get a random token, or set one (-e JUPYTER_TOKEN=\$(openssl rand -hex 24)); only on a port nobody else can reach: -e JUPYTER_ALLOW_INSECURE=1"
