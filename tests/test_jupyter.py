@@ -421,3 +421,53 @@ def test_terminals_see_neither_the_token_nor_public_key(start_jupyter, tmp_path)
     assert seen["HOME"] == "/home/dev", f"the probe should see the terminal's own variables: {seen}"
     assert seen == {"JUPYTER_TOKEN": "unset", "PUBLIC_KEY": "unset", "HOME": "/home/dev", "hits": "0"}, (
         f"a Jupyter terminal sees the token or the SSH key: {seen}")
+
+
+@pytest.mark.parametrize("name,text", [
+    ("50-broken.py", "c.ServerApp.allow_hidden = True\nthis is not python\n"),
+    ("50-broken.json", '{"ServerApp": {"allow_hidden": true,}\n'),
+], ids=["py-syntax-error", "json-invalid"])
+def test_a_broken_drop_in_is_named_and_skipped_and_auth_and_address_hold(start_jupyter, tmp_path, name, text):
+    """Container should name a Jupyter drop-in that does not load and skip it, while Jupyter still
+    listens on the published port and requires the user's token (a broken drop-in once made it
+    drop the image's whole config: 127.0.0.1 only, JUPYTER_TOKEN ignored, yet READY)."""
+    (tmp_path / name).write_text(text)
+    (tmp_path / "60-good.py").write_text("c.ContentsManager.allow_hidden = True\n")
+    tmp_path.chmod(0o755)
+    token = "tok-" + uuid.uuid4().hex
+    c, base, _ = start_jupyter({"JUPYTER_TOKEN": token},
+                               volumes={str(tmp_path): {"bind": "/etc/jupyter/jupyter_server_config.d", "mode": "ro"}})
+    try:
+        status = api(base, "/api/contents", token).status_code
+    except requests.ConnectionError as e:
+        status = f"no answer ({e.__class__.__name__})"
+    assert status == 200, (f"the published port should serve Jupyter with the user's token despite "
+                           f"the broken {name}, got {status}:\n{c.logs().decode(errors='replace')}")
+    assert api(base, "/api/contents").status_code == 403, "without the token the API should be refused"
+    logs = c.logs().decode(errors="replace")
+    assert re.search(rf"^ERROR .*drop-in /etc/jupyter/jupyter_server_config.d/{re.escape(name)} is broken"
+                     r" and was skipped.*Fix: ", logs, re.MULTILINE), f"an ERROR should name {name}:\n{logs}"
+    c.exec_run(["touch", "/workspace/.dot"], user="dev")
+    names = {item["name"] for item in api(base, "/api/contents", token).json()["content"]}
+    assert ".dot" in names, f"the good drop-in beside the broken one should still apply: {names}"
+
+
+def test_the_log_redactor_runs_as_the_user_not_root(start_jupyter):
+    """Container should run jupyter-log-redact (which filters Jupyter's output) as the user
+    Jupyter runs as, never as root."""
+    c, _, _ = start_jupyter()
+    _, out = c.exec_run(["bash", "-c", "ps -eo user:16,args | grep '[j]upyter-log-redact'"])
+    users = [line.split()[0] for line in out.decode().splitlines()]
+    assert users == ["dev"], f"the redactor should run once, as dev: {out.decode()!r}"
+
+
+@pytest.mark.parametrize("shape", ["{}\nsecond-line", "{}\r", "{}\tx"], ids=["newline", "cr", "tab"])
+def test_token_with_a_line_break_is_refused_with_the_fix(run_in_image, shape):
+    """Container should refuse a JUPYTER_TOKEN holding a line break or another control character
+    (a two-line token no browser can send), without echoing it, and start nothing."""
+    secret = "tok" + uuid.uuid4().hex
+    code, logs = run_in_image(None, environment={"JUPYTER_TOKEN": shape.format(secret)}, timeout=60)
+    assert code == 64, f"the token should stop the container with 64, got {code}:\n{logs}"
+    assert re.search(r"^ERROR .*JUPYTER_TOKEN holds a line break.*Fix: ", logs, re.MULTILINE), (
+        f"an ERROR should say what is wrong and the fix:\n{logs}")
+    assert "READY" not in logs and secret not in logs, f"nothing should start or echo the token:\n{logs}"

@@ -1,4 +1,4 @@
-"""`docker stop` with work running outside the services (issue 33): a train_amp run started in
+"""`docker stop` with work running outside the services: a train_amp run started in
 tmux, as the README advises for long jobs, or in a JupyterLab terminal, gets SIGTERM and time to
 save its checkpoint before the container ends, and the log says what was running and whether it
 ended in time."""

@@ -79,7 +79,7 @@ _nonroot_how() {
   local run_fix="remove --user (the entrypoint maps $NB_USER to your IDs itself: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g))"
   if [ -n "$name" ] && [ "$listed" != "$(id -g)" ] && [ "$have" = "$listed" ]; then
     NONROOT_HOW="the image's USER line, e.g. a derived image's USER $name, or --user $name"
-    NONROOT_FIX="$image_fix, or if you gave --user $name, $run_fix"
+    NONROOT_FIX="$image_fix (or, had you passed --user $name, drop it)"
   elif [ -n "$name" ] && [ "$listed" != "$(id -g)" ]; then
     NONROOT_HOW="docker run --user $(id -u):$(id -g)"
     NONROOT_FIX=$run_fix
