@@ -185,12 +185,13 @@ def test_upgrade_cannot_swap_torch_for_another_build_of_its_version(run_in_image
 
 
 def test_pip_guard_says_so_when_a_pinned_package_was_replaced(run_in_image, tmp_path):
-    """When the pins are bypassed (PIP_CONSTRAINT set empty overrides pip.conf's) and
-    `pip install -U torchvision` replaces it, the guard should say it was replaced, never that
-    the pin held it."""
+    """When the pins are bypassed (dev's own pip.conf sets `constraint = /dev/null`, which
+    overrides /etc/pip.conf's) and `pip install -U torchvision` replaces it, the guard should say
+    it was replaced, never that the pin held it."""
     _wheel(tmp_path, "torchvision", "99.0")
     os.chmod(tmp_path, 0o755)
-    script = ("PIP_CONSTRAINT= pip install -U --no-index --find-links /wheels torchvision 2>&1; echo rc=$?;"
+    script = ("mkdir -p ~/.config/pip && printf '[global]\\nconstraint = /dev/null\\n' > ~/.config/pip/pip.conf"
+              " && pip install -U --no-index --find-links /wheels torchvision 2>&1; echo rc=$?;"
               " pip show torchvision 2>/dev/null | grep ^Version:")
     code, out = run_in_image(["bash", "-c", script], volumes={str(tmp_path): {"bind": "/wheels", "mode": "ro"}})
     assert code == 0 and "Version: 99.0" in out, f"control: the bypass should have installed 99.0:\n{out}"
