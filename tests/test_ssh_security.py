@@ -5,6 +5,7 @@ the entrypoint reads in JupyterLab's or a command's environment. Each test uses 
 import re
 import secrets
 
+from conftest import wait_until
 from test_ssh import exec_in, key, start_with_ssh  # noqa: F401 - key is a fixture
 
 # sshd -T's effective settings: what a client may forward (docs/container.md: SSH and tmux).
