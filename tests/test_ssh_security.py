@@ -88,7 +88,7 @@ ENVIRON_PROBE = ("for p in $(pgrep -x jupyter-lab); do"
 
 
 def test_services_and_commands_do_not_inherit_what_only_the_entrypoint_reads(start_container, run_in_image,
-                                                                            key, tmp_path):
+                                                                            key, tmp_path):  # noqa: F811
     """Container should unset PUBLIC_KEY_FILE, JUPYTER_TOKEN_FILE, HOST_UID/HOST_GID, GRANT_SUDO and
     the other variables only the entrypoint reads before JupyterLab or a command starts: a process
     of dev can read JupyterLab's environment in /proc. The user's own variables still get there."""
