@@ -94,7 +94,7 @@ _nonroot_how() {
 if [ "$(id -u)" != 0 ]; then
   _nonroot_how
   if [ "${NB_UID:-$(id -u)}" != "$(id -u)" ] || [ "${NB_GID:-$(id -g)}" != "$(id -g)" ]; then
-    log_warn "NB_UID/NB_GID (${NB_UID:-}:${NB_GID:-}) cannot be applied: the container started as UID $(id -u):$(id -g) ($NONROOT_HOW), and only a root start can change $NB_USER's IDs. Fix: $NONROOT_FIX"
+    log_warn "${NB_UID:+NB_UID=$NB_UID }${NB_GID:+NB_GID=$NB_GID }cannot be applied: the container started as UID $(id -u):$(id -g) ($NONROOT_HOW), and only a root start can change $NB_USER's IDs. Fix: $NONROOT_FIX"
   fi
   export NB_UID NB_GID
   NB_UID=$(id -u) NB_GID=$(id -g)
