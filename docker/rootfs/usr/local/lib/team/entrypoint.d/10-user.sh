@@ -76,7 +76,7 @@ _nonroot_how() {
   listed=$( [ -z "$name" ] || id -G "$name" 2>/dev/null | tr ' ' '\n' | sort -n | paste -sd' ')
   have=$(id -G | tr ' ' '\n' | sort -n | paste -sd' ')
   local image_fix="end the derived image's Dockerfile with USER root (the entrypoint drops to $NB_USER itself; docs/extending.md)"
-  local run_fix="remove --user (the entrypoint maps $NB_USER to your IDs itself: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g))"
+  local run_fix="Remove --user (the entrypoint maps $NB_USER to your IDs itself: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g))"
   if [ -n "$name" ] && [ "$listed" != "$(id -g)" ] && [ "$have" = "$listed" ]; then
     NONROOT_HOW="the image's USER line, e.g. a derived image's USER $name, or --user $name"
     NONROOT_FIX="$image_fix (or, had you passed --user $name, drop it)"
