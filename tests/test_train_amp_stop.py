@@ -79,10 +79,11 @@ def test_a_job_piped_into_tee_saves_when_tee_dies_with_it(run_in_image, signal_n
     """`train_amp.py ... | tee log` stopped by Ctrl-C (SIGINT to the group) or by a SIGTERM to
     the group (docker stop signals every process) loses its tee first: the stop message and the
     progress lines hit a dead pipe. The run should still save mid-epoch and exit 0."""
-    # trap: the shell waits for the pipeline instead of dying of the SIGINT itself.
-    inner = f"trap true INT; {JOB} 2>&1 | tee log; echo \"EXIT ${{PIPESTATUS[0]}}\" > exit"
+    # A background job ignores SIGINT, and so would its children: env restores the default, as
+    # a terminal's foreground job has it. The trap keeps the shell alive to write the status.
+    inner = f"trap true INT TERM; {JOB} 2>&1 | tee log; echo \"EXIT ${{PIPESTATUS[0]}}\" > exit"
     status, ckpt, out = run_stop(run_in_image, f"""
-setsid bash -c {shlex.quote(inner)} > /dev/null 2>&1 &
+setsid env --default-signal=INT bash -c {shlex.quote(inner)} > /dev/null 2>&1 &
 pid=$!
 waitstep log $pid
 kill -{signal_name} -- -$pid
