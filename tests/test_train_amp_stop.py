@@ -6,21 +6,8 @@ import re
 import shlex
 
 import pytest
+from train_amp_helpers import CKPT_STEP, JOB_800, MAKE_FOLDER_800
 
-# An ImageFolder of 2 x 400 small JPEGs decoded by 2 DataLoader workers (the default for JPEG
-# folders on the CPU): 100 steps an epoch, so that a stop after step 3 lands mid-epoch and the
-# checkpoint can only be the stop's (an epoch end saves epoch E+1, step 0).
-MAKE_FOLDER = r"""python3 - <<'EOF'
-import os
-from PIL import Image
-for k, colour in enumerate(((200, 30, 30), (30, 30, 200))):
-    os.makedirs(f"imgs/class{k}", exist_ok=True)
-    for i in range(400):
-        Image.new("RGB", (40, 30), tuple((v + 3 * i) % 256 for v in colour)).save(
-            f"imgs/class{k}/{i}.jpg")
-EOF"""
-JOB = ("train_amp.py --data imgs --model resnet18 --image-size 32 --batch-size 8 --epochs 3"
-       " --num-workers 2 --log-every 1 --progress lines --checkpoint-dir ck")
 # Waits (up to 3 min) until the log shows a step past the third, or the job has ended.
 WAIT_FOR_STEP = r"""
 for _ in $(seq 900); do
@@ -28,20 +15,11 @@ for _ in $(seq 900); do
   kill -0 "$2" 2>/dev/null || break
   sleep 0.2
 done"""
-# "CKPT epoch step_in_epoch" of ck/last.pt, or "CKPT none".
-CKPT = r"""python3 -c "
-import os, torch
-p = 'ck/last.pt'
-if not os.path.exists(p): raise SystemExit(print('CKPT none'))
-c = torch.load(p, weights_only=True)
-print('CKPT', c['epoch'], c['step_in_epoch'])" """
-
-
 def run_stop(run_in_image, body):
     """Run the folder set-up, `body` (a bash snippet that starts and stops the job and prints
     "EXIT <status>"), then CKPT. -> (exit status, checkpoint (epoch, step) or None, output)."""
-    script = "\n".join(["cd /tmp", f"waitstep() {{ {WAIT_FOR_STEP}\n}}", MAKE_FOLDER, body,
-                        CKPT])
+    script = "\n".join(["cd /tmp", f"waitstep() {{ {WAIT_FOR_STEP}\n}}", MAKE_FOLDER_800, body,
+                        CKPT_STEP])
     code, out = run_in_image(["bash", "-c", script], timeout=400)
     assert code == 0, f"the test script failed ({code}):\n{out[-4000:]}"
     status = re.search(r"^EXIT (\d+)$", out, re.MULTILINE)
@@ -61,7 +39,7 @@ def test_sigterm_to_the_whole_process_group_saves_though_the_workers_get_it_too(
     image's docker stop do) reaches the DataLoader workers as well: the run should still save
     mid-epoch and exit 0 (it used to die with "DataLoader worker ... killed by signal")."""
     status, ckpt, out = run_stop(run_in_image, f"""
-setsid {JOB} > log 2>&1 &
+setsid {JOB_800} > log 2>&1 &
 pid=$!
 waitstep log $pid
 kill -TERM -- -$pid
@@ -81,7 +59,7 @@ def test_a_job_piped_into_tee_saves_when_tee_dies_with_it(run_in_image, signal_n
     progress lines hit a dead pipe. The run should still save mid-epoch and exit 0."""
     # A background job ignores SIGINT, and so would its children: env restores the default, as
     # a terminal's foreground job has it. The trap keeps the shell alive to write the status.
-    inner = f"trap true INT TERM; {JOB} 2>&1 | tee log; echo \"EXIT ${{PIPESTATUS[0]}}\" > exit"
+    inner = f"trap true INT TERM; {JOB_800} 2>&1 | tee log; echo \"EXIT ${{PIPESTATUS[0]}}\" > exit"
     status, ckpt, out = run_stop(run_in_image, f"""
 setsid env --default-signal=INT bash -c {shlex.quote(inner)} > /dev/null 2>&1 &
 pid=$!
@@ -97,7 +75,7 @@ def test_sigusr1_then_sigterm_saves_and_still_asks_for_a_requeue(run_in_image):
     """Slurm's --signal=USR1@N at a time limit or preemption, followed by its SIGTERM: the run
     should save and exit 75 (requeue), not 0: torchrun and Kubernetes only see the status."""
     status, ckpt, out = run_stop(run_in_image, f"""
-setsid {JOB} > log 2>&1 &
+setsid {JOB_800} > log 2>&1 &
 pid=$!
 waitstep log $pid
 kill -USR1 $pid; sleep 0.1; kill -TERM $pid
@@ -113,7 +91,7 @@ def test_a_run_with_stderr_closed_trains_and_saves(run_in_image):
     """`train_amp.py ... 2>&-` (a wrapper that closes stderr) should train, save and exit 0,
     its output on stdout intact (it used to exit 1 at once, silently)."""
     status, ckpt, out = run_stop(run_in_image, f"""
-{JOB.replace('--epochs 3', '--steps 4')} 2>&- > log
+{JOB_800.replace('--epochs 3', '--steps 4')} 2>&- > log
 echo "EXIT $?"
 cat log""")
     assert status == 0, f"exited {status}:\n{out[-4000:]}"

@@ -27,11 +27,12 @@ def open_std_fds():
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
-    # Python made these None at start-up when their fd was closed.
+    # Python made these None at start-up when their fd was closed; they live as long as the
+    # process, as the ones Python makes do (so no `with`).
     if sys.stdout is None:
-        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
     if sys.stderr is None:
-        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
 
 
 class SafeStream:
