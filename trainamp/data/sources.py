@@ -67,14 +67,14 @@ def synthetic_split(n_train, num_classes, seed):
 
 def walk_without_loops(top, loops):
     """os.walk(top, followlinks=True) as [(folder, file names)], sorted as torchvision sorts
-    it, except that a folder reached again from inside itself (a symlink to a parent: `ln -s ..
-    loop`) is not entered but added to `loops`. os.walk follows such a link until the path is
-    too long: nine images then counted as thousands, each a copy of the same files."""
+    it, except that a link to a folder that contains where the walk is (`ln -s .. loop`) is
+    not entered but added to `loops`. os.walk follows such a link until the path is too long:
+    nine images then counted as thousands, each a copy of the same files."""
     found = []
 
     def visit(path, ancestors):
         real = os.path.realpath(path)
-        if real in ancestors:
+        if any(a == real or a.startswith(real.rstrip(os.sep) + os.sep) for a in ancestors):
             loops.append(path)
             return
         try:
