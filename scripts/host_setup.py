@@ -46,6 +46,17 @@ def compose_works(h):
         h.which(h.docker) and h.run([h.which(h.docker), "compose", "version"]).returncode == 0)
 
 
+def engine_here(h):
+    """An engine answers (here or at DOCKER_HOST), or dockerd is installed to start one: a client
+    alone (Docker's static client in /usr/local/bin, say) is no engine. "permission denied" is
+    an engine too: start_dockerd then says how to get access."""
+    docker = h.which(h.docker) or h.which("docker")
+    if h.which("dockerd"):
+        return True
+    info = h.run([docker, "info", "--format", "{{.ServerVersion}}"])
+    return info.returncode == 0 or "permission denied" in (info.stderr + info.stdout).lower()
+
+
 QEMU_MIN = (10, 0)  # Debian 12's 7.2 crashes in `import torch` (signal 11); 10.0.2 imports it
 
 
@@ -71,7 +82,8 @@ def arm64_emulation_works(h):
 # Checked by command, not by package: Docker's docker-ce, NodeSource's node or a chromium from
 # elsewhere serve as well as Debian's packages.
 TOOLS = [
-    Tool("docker", ["docker"], ["docker.io"], "the engine and client: build, every test"),
+    Tool("docker", ["docker"], ["docker.io"], "the engine and client: build, every test",
+         probe=engine_here),
     Tool("python3 venv", ["python3"], ["python3-venv"], "make test-deps: python3 -m venv .venv-test",
          probe=python_has_venv),
     Tool("node, npm", ["node", "npm"], ["nodejs", "npm"],

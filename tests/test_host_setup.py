@@ -41,7 +41,8 @@ class FakeHost:
         self.stub("docker", f'[ "$1" = compose ] && {{ [ -e {self.plugin} ] || exit 1; }}\n'
                             f'[ "$1" = info ] && {{ [ -e {self.up} ] || {{ echo "Cannot connect to '
                             'the Docker daemon at unix:///var/run/docker.sock" >&2; exit 1; }; }')
-        self.stub("dockerd", f"touch {self.up}")
+        if "dockerd" not in without:
+            self.stub("dockerd", f"touch {self.up}")
         self.stub("systemctl", f'[ "$1" = start ] && touch {self.up}')
 
     def stub(self, name, body=""):
@@ -240,6 +241,26 @@ def test_root_starts_a_stopped_dockerd(tmp_path):
     started = [c for c in host.calls() if c.startswith(("dockerd", "systemctl start docker"))]
     assert started, f"dockerd was not started: {host.calls()}"
     assert "starting the Docker daemon" in out and time.monotonic() - start < 30, out
+
+
+def test_client_without_an_engine_installs_docker_io_and_starts_it(tmp_path):
+    """A docker client on PATH (e.g. /usr/local/bin/docker) but no dockerd and no engine answering,
+    as root: host-setup should install docker.io and start its dockerd, not stop."""
+    host = FakeHost(tmp_path, without=["dockerd"], docker_up=False)
+    host.stub("apt-get", f'[ "$1" = install ] && printf \'#!/bin/sh\\ntouch {host.up}\\n\' > {host.bin / "dockerd"}'
+                         f' && chmod +x {host.bin / "dockerd"}; exit 0')
+    rc, out = host.run()
+    assert rc == 0, out
+    assert "apt-get install -y -qq --no-install-recommends docker.io" in host.calls(), host.calls()
+    assert "starting the Docker daemon" in out, out
+
+
+def test_client_with_a_remote_engine_installs_no_dockerd(tmp_path):
+    """A docker client whose engine answers (DOCKER_HOST elsewhere) needs no local dockerd."""
+    host = FakeHost(tmp_path, without=["dockerd"])
+    host.apt_installs()
+    rc, out = host.run()
+    assert rc == 0 and not apt_calls(host), out + "\n".join(host.calls())
 
 
 def test_dockerd_that_exits_is_reported_with_its_log_at_once(tmp_path):
