@@ -220,6 +220,8 @@ def install(h, tools):
         # qemu serves only once registered again.
         for action in ("--disable", "--enable"):
             h.run([*prefix, h.which("update-binfmts"), action, "qemu-aarch64"])
+    if any(t in ARM64_TOOLS for t in tools) and not arm64_emulation_works(h):
+        register_binfmt(h, prefix)
     if any("docker-registry" in t.packages for t in tools):
         # Debian's package starts its own registry service on :5000; the tests start theirs.
         systemctl = h.which("systemctl")
@@ -229,6 +231,39 @@ def install(h, tools):
     if still:
         log("ERROR", f"still missing after the install:\n    {describe(still, chr(10) + '    ')}")
     return not still
+
+
+def register_binfmt(h, prefix):
+    """Register qemu-aarch64 from the line QEMU 10 installs in /usr/lib/binfmt.d: on Debian that
+    is read by systemd-binfmt only (update-binfmts answers "not in database"), so on a host
+    without systemd nobody registers it. An old entry is removed first (-1), so the kernel opens
+    the new interpreter (F flag)."""
+    conf = pathlib.Path(h.o.binfmt_d, "qemu-aarch64.conf")
+    try:
+        line = next(ln.strip() for ln in conf.read_text().splitlines()
+                    if ln.strip() and not ln.startswith(("#", ";")))
+    except (OSError, StopIteration):
+        return  # an older qemu: update-binfmts was its way
+    entry, register = pathlib.Path(h.o.binfmt, "qemu-aarch64"), pathlib.Path(h.o.binfmt, "register")
+    if not register.exists():
+        log("ERROR", f"{register} is missing: mount binfmt_misc, then run this again:\n"
+                     f"    {'sudo ' if prefix else ''}mount -t binfmt_misc binfmt_misc {h.o.binfmt}")
+        return
+    for path, text in ([(entry, "-1")] if entry.exists() else []) + [(register, line)]:
+        if prefix:  # through sudo: a shell of root's does the redirection
+            r = h.run([*prefix, h.which("sh") or "/bin/sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh", text, str(path)])
+            error = (r.stderr or r.stdout).strip() if r.returncode else ""
+        else:
+            try:
+                with open(path, "w") as f:
+                    f.write(text + "\n")
+                error = ""
+            except OSError as e:
+                error = str(e)
+        if error:
+            log("ERROR", f"writing {path} failed: {error}")
+            return
+    log("INFO", f"registered qemu-aarch64 with binfmt_misc from {conf} (no systemd-binfmt here)")
 
 
 def dockerd_running():
@@ -309,6 +344,7 @@ def parse(argv):
     p.add_argument("--os-release", default="/etc/os-release")
     p.add_argument("--dockerd-log", default="/var/log/dockerd.log")
     p.add_argument("--binfmt", default="/proc/sys/fs/binfmt_misc")
+    p.add_argument("--binfmt-d", default="/usr/lib/binfmt.d", help="where qemu-user-static 10 puts its binfmt line")
     p.add_argument("--backports-list", default=BACKPORTS_LIST)
     return p.parse_args(argv)
 

@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 
 import host_setup  # scripts/ (conftest.py puts it on sys.path)
@@ -162,6 +163,46 @@ def test_arm64_emulation_with_debian_12s_qemu_installs_qemu_10_from_backports(tm
         ["deb", "http://deb.debian.org/debian", "bookworm-backports", "main"]
     assert [c for c in host.calls() if c.startswith("update-binfmts")] == \
         ["update-binfmts --disable qemu-aarch64", "update-binfmts --enable qemu-aarch64"], host.calls()
+
+
+# Debian's qemu-user-static 10 (bookworm-backports) ships this for systemd-binfmt (escapes as in the file).
+QEMU_BINFMT_D = (r":qemu-aarch64:M::\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00"
+                 r":\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff"
+                 ":/usr/libexec/qemu-binfmt/aarch64-binfmt-P:POCF\n")
+
+
+def fake_binfmt_kernel(binfmt):
+    """binfmt_misc's `register` as a FIFO, read by a thread that does what the kernel does with a
+    line written there: make the entry file (enabled, the interpreter, the flags). Returns the
+    lines it was given."""
+    register, given = binfmt / "register", []
+    os.mkfifo(register)
+
+    def serve():
+        while True:
+            with open(register) as fifo:  # blocks until a writer opens it
+                for line in fifo.read().splitlines():
+                    given.append(line)
+                    _, name, _, _, _, _, interpreter, flags = line.split(":")
+                    (binfmt / name).write_text(f"enabled\ninterpreter {interpreter}\nflags: {flags}\noffset 0\n")
+    threading.Thread(target=serve, daemon=True).start()
+    return given
+
+
+def test_arm64_emulation_without_systemd_registers_qemu_from_its_binfmt_d_file(tmp_path):
+    """QEMU 10 registers arm64 through /usr/lib/binfmt.d (systemd-binfmt), not binfmt-support's
+    database: on a host without systemd, where update-binfmts answers "not in database", host-setup
+    should write the binfmt.d line to binfmt_misc's register file itself, then find it working."""
+    host, extra = arm64_host(tmp_path, "10.0.2", entry=None)
+    host.stub("update-binfmts", 'echo "update-binfmts: warning: qemu-aarch64 not in database of installed binary formats." >&2; exit 2')
+    binfmt_d = tmp_path / "binfmt.d"
+    binfmt_d.mkdir()
+    (binfmt_d / "qemu-aarch64.conf").write_text("# qemu-user-static\n" + QEMU_BINFMT_D)
+    given = fake_binfmt_kernel(tmp_path / "binfmt")
+    rc, out = host.run("setup", *extra, "--binfmt-d", str(binfmt_d))
+    assert rc == 0, out
+    assert given == [QEMU_BINFMT_D.strip()], given
+    assert "registered qemu-aarch64" in out, out
 
 
 @pytest.mark.parametrize("version,entry,ok", [
