@@ -111,8 +111,9 @@ class FakeHost:
         }
         self.driver("550.54.15", "NVIDIA H100 80GB HBM3")
 
-    def driver(self, version, name):
-        self.smi.write_text(f"#!/bin/sh\necho '{version}, {name}'\n")
+    def driver(self, version, name, cc="9.0"):
+        # The answer to doctor's --query-gpu=driver_version,name,compute_cap,mig.mode.current.
+        self.smi.write_text(f"#!/bin/sh\necho '{version}, {name}, {cc}, [N/A]'\n")
         self.smi.chmod(0o755)
 
     def save(self):
@@ -177,7 +178,7 @@ def test_good_host_is_all_ok_and_changes_nothing(host):
     bad = {k: v for k, v in rows.items() if v[0] in ("WARN", "FAIL")}
     assert not bad, out
     for check in ("docker", "buildkit", "driver", "nvidia runtime", "gpu container", "disk",
-                  "base image", f"port {host.ports[0]}", f"port {host.ports[1]}",
+                  "base image", "gpu flavour", f"port {host.ports[0]}", f"port {host.ports[1]}",
                   "container name", "/dev/shm"):
         assert rows.get(check, ("missing",))[0] == "OK", f"{check} is not OK:\n{out}"
     assert status(out, "memlock")[0] == "SKIP", out
