@@ -25,6 +25,7 @@ CA_BUNDLE   ?=## PEM bundle for a TLS-inspecting proxy, handed to the build as a
 CONTAINER   ?= $(shell python3 scripts/doctor.py name --image '$(IMAGE)' --user '$(USER)')## container name for make run/stop/logs
 PORT_JUPYTER ?= 8888## host port make run publishes JupyterLab on
 PORT_SSH    ?= 2222## host port make run publishes SSH on
+STOP_TIMEOUT ?= 30## seconds make stop (and docker stop) gives the container; jobs in tmux/terminals get all but the last 3 to checkpoint
 PREFLIGHT   ?= 1## 0: make run/build skip their host checks (scripts/doctor.py preflight)
 CHECK_WHEELS ?= 1## 0: make lint skips the wheel check (scripts/check_wheels.py asks PyPI) and says so
 LOGS_ARGS   ?=## docker logs flags for make logs, e.g. -f (follow) or --tail 50
@@ -108,6 +109,7 @@ run: ## Start the container (builds first if needed): JupyterLab on 8888, SSH on
 	python3 scripts/ssh_key.py run --port $(PORT_SSH) $(if $(wildcard .env),--env-file .env) -- \
 	  $(DOCKER) run --rm $(if $(shell [ -t 0 ] && echo y),-it) --name $(CONTAINER) $(GPU_FLAGS) \
 	  --shm-size=8g -p $(PORT_JUPYTER):8888 -p $(PORT_SSH):22 -v "$(CURDIR)":/workspace \
+	  -e HOST_PORT_JUPYTER=$(PORT_JUPYTER) -e HOST_PORT_SSH=$(PORT_SSH) --stop-timeout $(STOP_TIMEOUT) -e STOP_TIMEOUT=$(STOP_TIMEOUT) \
 	  $(if $(wildcard .env),--env-file .env) $(REF)
 
 # make run's container has new host keys each time, on this machine's own port: a known_hosts
@@ -116,11 +118,12 @@ run: ## Start the container (builds first if needed): JupyterLab on 8888, SSH on
 SSH_OPTS    ?= -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR## make ssh's ssh options
 SSH_ARGS    ?=## extra ssh flags for make ssh, e.g. -i ~/.ssh/other_key
 ssh: ## Log in to make run's container (PORT_SSH) and attach the team's tmux session "main"
-	ssh -p $(PORT_SSH) $(SSH_OPTS) $(SSH_ARGS) -t dev@localhost tmux new -A -s main
+	@python3 scripts/ssh_key.py login --docker '$(DOCKER)' --container '$(CONTAINER)' --port $(PORT_SSH) -- \
+	  ssh -p $(PORT_SSH) $(SSH_OPTS) $(SSH_ARGS) -t dev@localhost tmux new -A -s main
 
 stop: ## Stop and remove make run's container (CONTAINER); none running is fine
 	@c='$(CONTAINER)'; if $(DOCKER) container inspect "$$c" >/dev/null 2>&1; then \
-	  $(DOCKER) stop "$$c" >/dev/null && { $(DOCKER) rm -f "$$c" >/dev/null 2>&1; echo "stopped $$c"; }; \
+	  $(DOCKER) stop -t $(STOP_TIMEOUT) "$$c" >/dev/null && { $(DOCKER) rm -f "$$c" >/dev/null 2>&1; echo "stopped $$c"; }; \
 	else echo "no container named $$c: nothing to stop"; fi
 
 logs: ## Print make run's container logs: the ==> READY line has the JupyterLab URL

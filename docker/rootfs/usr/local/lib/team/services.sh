@@ -55,10 +55,10 @@ _jobs() {
 # stop_jobs: SIGTERM each job process, then wait for them until the jobs' deadline.
 # shellcheck disable=SC2329  # called by on_signal (a trap)
 stop_jobs() {
-  local jobs left line deadline=$((SECONDS + stop_timeout - 3))
+  local jobs left line start=$SECONDS deadline=$((SECONDS + stop_timeout - 3))
   jobs=$(_jobs | paste -sd,)
   [ -n "$jobs" ] || return 0
-  log_info "Stopping jobs still running outside the services (SIGTERM, up to $((stop_timeout - 3)) s to end):"
+  log_info "Stopping jobs still running outside the services (SIGTERM, up to $((stop_timeout - 3)) s to end: STOP_TIMEOUT=$stop_timeout less 3 s for the services):"
   while read -r line; do log_info "  ${line:0:160}"; done < <(ps -o pid=,user=,args= -p "$jobs")
   # shellcheck disable=SC2046  # one PID per word
   kill -TERM $(tr , ' ' <<<"$jobs") 2>/dev/null
@@ -70,7 +70,7 @@ stop_jobs() {
     fi
     sleep 0.2
   done
-  log_info "The jobs ended in time"
+  log_info "The jobs ended in time ($((SECONDS - start)) s of their $((stop_timeout - 3)) s)"
 }
 
 # stop_all: SIGTERM both, then SIGKILL what is left by the stop's deadline, inside Docker's
@@ -135,14 +135,22 @@ fi
 ready_deadline=$((SECONDS + 300))
 while kill -0 "$jupyter_pid" 2>/dev/null && [ "$SECONDS" -lt "$ready_deadline" ]; do
   if curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$JUPYTER_PORT/api" 2>/dev/null; then
-    if [ -n "$sshd_pid" ]; then
+    if [ -n "$sshd_pid" ] && [ -n "${HOST_PORT_SSH:-}" ]; then
+      # make run and compose say which host port they publish 22 on: a line to paste.
+      ssh_note="SSH on: ssh -p $HOST_PORT_SSH -t $NB_USER@localhost tmux new -A -s main"
+    elif [ -n "$sshd_pid" ]; then
       ssh_note="SSH on: ssh -p <host port of 22> -t $NB_USER@<host> tmux new -A -s main"
     elif [ "$(id -u)" = 0 ] && [ ! -s "$(getent passwd "$NB_USER" | cut -d: -f6)/.ssh/authorized_keys" ]; then
       # No key at all (not SSHD_ENABLED=0, not --user): the one case a user can fix by adding one.
       # shellcheck disable=SC2016  # printed for the user to paste, not expanded here
       ssh_note='SSH off: no public key; add one with -e PUBLIC_KEY="$(cat ~/.ssh/id_ed25519.pub)" -p 2222:22 (make run does it when ~/.ssh has one)'
     else ssh_note="SSH off"; fi
-    log_info "==> READY  JupyterLab: $TEAM_JUPYTER_URL  |  $ssh_note"
+    if as_nb_user test -w /workspace; then
+      log_info "==> READY  JupyterLab: $TEAM_JUPYTER_URL  |  $ssh_note"
+    else
+      # Up, but not what READY promises: the ERROR at start-up says why and the fix.
+      log_warn "==> READY  JupyterLab: $TEAM_JUPYTER_URL  |  $ssh_note  |  but /workspace is not writable by $NB_USER: notebooks cannot be saved there (the ERROR above has the fix)"
+    fi
     break
   fi
   sleep 0.2
