@@ -36,6 +36,10 @@ SMOKE_ARGS  ?=## arguments for make smoke's smoke suite, e.g. --require-gpu or -
 MIRROR      ?=## Debian mirror for make base-standin (empty: http://deb.debian.org/debian)
 HOST_SETUP  ?= 1## 0: make test skips make host-setup (installs nothing, starts no dockerd)
 LINT        ?= 1## 0: make test skips make lint (e.g. while rerunning one test file)
+# make has a built-in LINT (= lint), which ?= leaves in place: take it over.
+ifeq ($(origin LINT),default)
+LINT := 1
+endif
 
 # Mirrors for the build only (docs/building.md: Building behind a mirror). make build hands them to the
 # build as BuildKit secrets, not build args: build args are written into the image history, and
@@ -74,6 +78,8 @@ DOCTOR_OPTS = --docker '$(DOCKER)' --image '$(REF)' --base '$(BASE_IMAGE)' $(ROW
   --container '$(CONTAINER)' --port PORT_JUPYTER=$(PORT_JUPYTER) --port PORT_SSH=$(PORT_SSH)
 preflight   = $(if $(filter 0,$(PREFLIGHT)),,python3 scripts/doctor.py preflight --for $(1) $(DOCTOR_OPTS))
 
+# make help shows each variable's value as this make would use it (defaults evaluated).
+HELP_VARS = $(shell awk '/^[A-Z][A-Z0-9_]* *[?]=.*\#\# /{print $$1}' $(MAKEFILE_LIST))
 .PHONY: help build run shell test smoke lint clean base-standin mirror-base test-deps bench generate host-setup
 
 # make help lists these first, then every other target with a `## ` comment as a maintainer's.
@@ -84,7 +90,9 @@ help: ## Show this help: targets (everyday first), variables, the current image 
 	  /^[a-zA-Z0-9_-]+:.*## / { line = sprintf("  %s%-14s%s %s\n", on, $$1, off, $$2); if ($$1 in ev) a = a line; else b = b line } \
 	  END { printf "Everyday targets:\n%s\nMaintainer targets (tests, lint, benchmarks, base, publishing):\n%s", a, b }' $(MAKEFILE_LIST)
 	@echo; echo "Variables (override as VAR=value):"
-	@awk 'BEGIN{FS="[?]= *|## "} /^[A-Z][A-Z0-9_]* *[?]=.*## /{printf "  %-20s %s\n",$$1,$$3}' $(MAKEFILE_LIST)
+	@$(foreach v,$(HELP_VARS),HELPV_$(v)='$(subst ','\'',$($(v)))') \
+	awk 'BEGIN{FS="[?]= *|## "} /^[A-Z][A-Z0-9_]* *[?]=.*## /{n=$$1; sub(/ +$$/,"",n); d=ENVIRON["HELPV_" n]; \
+	  printf "  %-20s %s%s\n",n,$$3,(d == "" ? "" : " [" d "]")}' $(MAKEFILE_LIST)
 	@echo; echo "Current: REF=$(REF) REGISTRY=$(or $(REGISTRY),(none: local only)) BASE_IMAGE=$(BASE_IMAGE)"
 .PHONY: doctor stop logs ssh
 doctor: ## Check this host (Docker, BuildKit, GPU, disk, base, ports): what is fine, what to fix

@@ -532,7 +532,16 @@ def test_make_stop_and_logs(host):
     assert r.returncode == 0 and "==> READY" in r.stdout, r.stdout + r.stderr
     r = make(host, "stop", f"CONTAINER={CONTAINER}")
     assert r.returncode == 0 and f"stopped {CONTAINER}" in r.stdout, r.stdout + r.stderr
-    assert ["stop", CONTAINER] in host.calls(), host.calls()
+    assert ["stop", "-t", "30", CONTAINER] in host.calls(), f"make stop gives STOP_TIMEOUT: {host.calls()}"
+
+
+def test_make_doctor_exits_with_the_status_the_readme_gives(host):
+    """README's first run says which exit status of make doctor means "something to fix"."""
+    said = re.search(r"`make doctor`.*?exits? (\d+)[^;)]*something to fix", (ROOT / "README.md").read_text())
+    assert said, "README.md's first run no longer says make doctor's exit status"
+    host.driver("470.57.02", "Tesla V100-SXM2-16GB", "7.0")  # below min_driver: a FAIL
+    r = make(host, "doctor", f"IMAGE={IMAGE.split(':')[0]}", f"TAG={IMAGE.split(':')[1]}")
+    assert r.returncode == int(said.group(1)), f"README says {said.group(1)}, make doctor exits {r.returncode}"
 
 
 def test_make_help_lists_the_new_targets(host):
