@@ -91,3 +91,16 @@ def test_docker_stop_names_a_job_that_does_not_end_in_time(start_container):
     assert re.search(r"^WARN .*Jobs still running after 2 s are killed with the container: \d+ sleep 300\."
                      r" Fix: -e STOP_TIMEOUT=", logs, re.MULTILINE), \
         f"a WARN should name the job and the fix:\n{logs[-3000:]}"
+
+
+def test_docker_stop_gives_jobs_stop_timeout_less_the_services_and_logs_how_long(start_container):
+    """STOP_TIMEOUT=9 (make run passes it with --stop-timeout 9): a job that needs 2 s to save
+    should get up to 6 s, and the log should say both numbers."""
+    c = start_container(environment={"STOP_TIMEOUT": "9"})
+    wait_for_log(c, READY, timeout=120)
+    c.exec_run(["bash", "-c", "trap 'sleep 2; exit 0' TERM; sleep 300 & wait"], user="dev", detach=True)
+    wait_until(lambda: c.exec_run(["pgrep", "-x", "sleep"]).exit_code == 0, 30, "the job did not start")
+    c.stop(timeout=9)
+    logs = c.logs().decode(errors="replace")
+    assert re.search(r"^INFO .*up to 6 s to end: STOP_TIMEOUT=9 less 3 s for the services", logs, re.MULTILINE), logs[-2000:]
+    assert re.search(r"^INFO .*The jobs ended in time \([23] s of their 6 s\)", logs, re.MULTILINE), logs[-2000:]

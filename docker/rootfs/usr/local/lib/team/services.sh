@@ -17,8 +17,8 @@ jupyter_pid="" sshd_pid=""
 # JupyterLab terminal or by `docker exec` live in yet other groups, and were killed without a
 # chance to save when we exited. So on a stop they get SIGTERM first and time to end (a
 # checkpoint), inside Docker's grace period: STOP_TIMEOUT seconds (default 10, docker stop's;
-# set it to what you give docker stop -t or compose's stop_grace_period). Jobs get all but the
-# last 3 s; JupyterLab and sshd are stopped after them and get the rest.
+# make run passes it with --stop-timeout, make stop with -t, compose as stop_grace_period). Jobs
+# get all but the last 3 s; JupyterLab and sshd are stopped after them and get the rest.
 stop_timeout=${STOP_TIMEOUT:-10}
 if ! [[ $stop_timeout =~ ^[0-9]{1,5}$ ]] || [ "$stop_timeout" -lt 4 ]; then
   log_warn "STOP_TIMEOUT='$stop_timeout' is not a number of seconds from 4 up: using 10. Fix: -e STOP_TIMEOUT=<the seconds docker stop -t gives, e.g. 60>"
@@ -65,7 +65,7 @@ stop_jobs() {
   # Until each has ended (a zombie waiting for its parent to reap it has ended too).
   while left=$(ps -o pid=,stat= -p "$jobs" | awk '$2 !~ /^Z/ { print $1 }' | paste -sd,) && [ -n "$left" ]; do
     if [ "$SECONDS" -ge "$deadline" ]; then
-      log_warn "Jobs still running after $((stop_timeout - 3)) s are killed with the container: $(ps -o pid=,args= -p "$left" | sed "s/^ *//" | cut -c1-100 | paste -sd';'). Fix: -e STOP_TIMEOUT=<s> with docker stop -t <s> (or compose's stop_grace_period)"
+      log_warn "Jobs still running after $((stop_timeout - 3)) s are killed with the container: $(ps -o pid=,args= -p "$left" | sed "s/^ *//" | cut -c1-100 | paste -sd';'). Fix: -e STOP_TIMEOUT=<s> --stop-timeout <s> (make run and make stop: STOP_TIMEOUT=<s>; compose: STOP_TIMEOUT=<s> in .env)"
       return 0
     fi
     sleep 0.2
@@ -108,6 +108,9 @@ set -m
 # The SSH step (30-ssh.sh) enables sshd only with a key and when we run as root.
 if [ "${SSHD_ENABLED:-0}" = 1 ]; then
   install -d -m 0755 /run/sshd   # privilege separation directory, lost with /run
+  # sshd records each terminal login in utmp; without the file every logout logged
+  # "syslogin_perform_logout: logout() returned an error".
+  [ -e /run/utmp ] || install -m 0664 -g utmp /dev/null /run/utmp 2>/dev/null || true
   /usr/sbin/sshd -D -e &
   sshd_pid=$!
 fi
