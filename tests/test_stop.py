@@ -98,8 +98,9 @@ def test_docker_stop_gives_jobs_stop_timeout_less_the_services_and_logs_how_long
     should get up to 6 s, and the log should say both numbers."""
     c = start_container(environment={"STOP_TIMEOUT": "9"})
     wait_for_log(c, READY, timeout=120)
-    c.exec_run(["bash", "-c", "trap 'sleep 2; exit 0' TERM; sleep 300 & wait"], user="dev", detach=True)
-    wait_until(lambda: c.exec_run(["pgrep", "-x", "sleep"]).exit_code == 0, 30, "the job did not start")
+    saver = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2), sys.exit(0))); time.sleep(300)"
+    c.exec_run(["python3", "-c", saver], user="dev", detach=True)
+    wait_until(lambda: c.exec_run(["pgrep", "-f", "signal.SIGTERM"]).exit_code == 0, 30, "the job did not start")
     c.stop(timeout=9)
     logs = c.logs().decode(errors="replace")
     assert re.search(r"^INFO .*up to 6 s to end: STOP_TIMEOUT=9 less 3 s for the services", logs, re.MULTILINE), logs[-2000:]
