@@ -96,6 +96,7 @@ TOOLS = [
     Tool("ssh client", ["ssh", "ssh-keygen"], ["openssh-client"], "make ssh, the SSH tests' keys"),
     Tool("git", ["git"], ["git"], "tests/test_publish.py, the image's revision label"),
     Tool("podman", ["podman"], ["podman"], "tests/test_podman.py"),
+    Tool("acl", ["setfacl"], ["acl"], "tests/test_first_run.py: the root-owned checkout's one step"),
 ]
 STANDIN_TOOLS = [
     Tool("debootstrap", ["debootstrap", "dpkg-deb"], ["debootstrap"],
