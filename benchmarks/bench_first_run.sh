@@ -11,11 +11,15 @@ src=$1 dir=$2 pj=$3 ps=$4
 export PORT_JUPYTER=$pj PORT_SSH=$ps
 t0=$(date +%s.%N)
 el() { printf '%6.1f s  %s\n' "$(echo "$(date +%s.%N) - $t0" | bc)" "$1"; }
-rm -rf "$dir"; git clone -q "$src" "$dir" && cd "$dir" && el "cloned"
+rm -rf "$dir"; git clone -q "$src" "$dir" && cd "$dir" && el "cloned" || exit 1
 [ -e ~/.ssh/id_ed25519.pub ] || { ssh-keygen -q -t ed25519 -N "" -f ~/.ssh/id_ed25519 && el "ssh key made (~/.ssh/id_ed25519)"; }
 start_run() {
   (make run > run.log 2>&1 &)
-  for _ in $(seq 1200); do grep -q "==> READY" run.log 2>/dev/null && break; sleep 0.1; done
+  for _ in $(seq 1200); do
+    grep -q "==> READY" run.log 2>/dev/null && break
+    grep -q "^make: \*\*\*" run.log 2>/dev/null && { cat run.log; exit 1; }  # make run failed
+    sleep 0.1
+  done
   el "READY: $(grep '==> READY' run.log | tail -1 | cut -c1-24)"
 }
 start_run
