@@ -145,13 +145,13 @@ def check_mig(gpus, listing):
     if not total:
         return [Row(WARN, "mig", f"MIG is on ({which}) but no MIG device exists: a container "
                     "sees no CUDA device on those GPUs",
-                    ["create instances, e.g.: sudo nvidia-smi mig -cgi 1g.10gb -C (nvidia-smi mig -lgip "
-                     "lists the profiles), or turn MIG off: sudo nvidia-smi -i 0 -mig 0"])]
+                    [("create instances, e.g.: sudo nvidia-smi mig -cgi 1g.10gb -C (nvidia-smi mig -lgip "
+                      "lists the profiles), or turn MIG off: sudo nvidia-smi -i 0 -mig 0")])]
     return [Row(OK, "mig", f"MIG is on: {which}. With --gpus all the container gets every MIG "
                 "device, but one CUDA process uses only the first (torch.cuda.device_count() is 1); "
                 "give each container or process one slice",
-                ["docker run --gpus '\"device=0:0\"' ... (GPU 0, MIG device 0), or "
-                 "CUDA_VISIBLE_DEVICES=MIG-<uuid> from nvidia-smi -L"])]
+                [("docker run --gpus '\"device=0:0\"' ... (GPU 0, MIG device 0), or "
+                  "CUDA_VISIBLE_DEVICES=MIG-<uuid> from nvidia-smi -L")])]
 
 
 def flavour_table():

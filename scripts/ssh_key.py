@@ -108,18 +108,18 @@ def run(opts):
 
 
 def ssh_state(docker, container):
-    """(state, detail) of make run's container, from its ready line: 'on', 'off', 'starting' or
-    'absent' (no container of that name: make ssh may still reach another one)."""
+    """SSH in make run's container, from its ready line: 'on', 'off', 'starting' or 'absent'
+    (no container of that name: make ssh may still reach another one)."""
     try:
         r = subprocess.run([docker, "logs", container], capture_output=True, text=True, timeout=15, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return "absent", str(e)
+    except (OSError, subprocess.TimeoutExpired):
+        return "absent"
     if r.returncode != 0:
-        return "absent", (r.stderr or r.stdout).strip()
+        return "absent"
     ready = [ln for ln in (r.stdout + r.stderr).splitlines() if "==> READY" in ln]
     if not ready:
-        return "starting", ""
-    return ("off" if "SSH off" in ready[-1] else "on"), ready[-1]
+        return "starting"
+    return "off" if "SSH off" in ready[-1] else "on"
 
 
 SSH_OFF_FIX = ("To turn it on: make stop, make a key if you have none (ssh-keygen -t ed25519), then "
@@ -130,14 +130,14 @@ SSH_OFF_FIX = ("To turn it on: make stop, make a key if you have none (ssh-keyge
 def login(opts):
     """make ssh: say so when make run's container has SSH off (ssh alone says only "Connection
     reset by peer"), else run ssh; when ssh fails to connect, say what the container says."""
-    state, detail = ssh_state(opts.docker, opts.container)
+    state = ssh_state(opts.docker, opts.container)
     if state == "off":
         sys.exit(f"make ssh: SSH is off in {opts.container}: it was started without an SSH public "
                  f"key.\n  {SSH_OFF_FIX}")
     cmd = opts.command[1:] if opts.command[:1] == ["--"] else opts.command
     rc = subprocess.run(cmd, check=False).returncode
     if rc == 255:  # ssh's own failure (no connection, refused key), not the remote command's
-        state, detail = ssh_state(opts.docker, opts.container)
+        state = ssh_state(opts.docker, opts.container)
         why = {"absent": f"no container named {opts.container} answers here: make run starts it "
                          "(make ssh logs in to make run's container on PORT_SSH)",
                "starting": f"{opts.container} is still starting: wait for its ==> READY line (make logs)",

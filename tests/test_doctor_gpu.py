@@ -73,7 +73,7 @@ def test_mig_slices_say_what_the_container_sees(host):
     gpus(host, "550.54.15, NVIDIA A100-SXM4-80GB, 8.0, Enabled",
          listing="GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-1)\n"
                  "  MIG 3g.40gb     Device  0: (UUID: MIG-a)\n  MIG 3g.40gb     Device  1: (UUID: MIG-b)\n")
-    rc, out = host.run()
+    _, out = host.run()
     s, row = status(out, "mig")
     assert s == "OK" and "GPU 0 (2 slices)" in row and "device_count() is 1" in row, row
     assert "device=0:0" in row, row
@@ -92,7 +92,7 @@ def test_driver_without_compute_cap_is_skipped_not_crashed(host):
     row says it cannot tell."""
     gpus(host, "470.57.02, Tesla V100-SXM2-16GB, 7.0, [N/A]")
     (host.dir / "old-driver").touch()
-    rc, out = host.run()
+    _, out = host.run()
     assert status(out, "gpu flavour")[0] == "SKIP", out
     assert status(out, "driver")[0] == "FAIL" and "470.57.02" in status(out, "driver")[1], out
 
