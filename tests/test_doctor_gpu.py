@@ -6,7 +6,6 @@ Host-side: a fake nvidia-smi answers the queries from files in tmp_path (test_do
 docker and host otherwise). Only test_versions_json_kernels_are_the_images starts a container.
 """
 import json
-import subprocess
 
 import doctor_gpu  # scripts/ (conftest.py puts it on sys.path)
 import pytest
@@ -118,12 +117,12 @@ def test_flavour_table_sends_each_generation_to_a_row_that_runs_it():
     assert "`2.6.0-cuda12.4`" in lines["Volta (V100, Titan V)"].split("|")[-2]
 
 
-def test_versions_json_kernels_are_the_images(image_ref):
+def test_versions_json_kernels_are_the_images(run_in_image):
     """versions.json's kernels for the image's row and platform should be what its torch has
     (the build records torch._C._cuda_getArchFlags() as cuda_arch_list)."""
-    record = json.loads(subprocess.run(
-        ["docker", "run", "--rm", "--entrypoint", "cat", image_ref, "/usr/share/team-image/versions.json"],
-        capture_output=True, text=True, check=True, timeout=120).stdout)
-    row = next(r for r in doctor_gpu.versions.DATA["matrix"] if r["name"] == record.get("row", record.get("versions_row")))
-    platform = record.get("platform") or "linux/amd64"
-    assert row["kernels"][platform] == record["cuda_arch_list"], (row["name"], platform, record["cuda_arch_list"])
+    rc, out = run_in_image(["cat", "/usr/share/team-image/versions.json"])
+    assert rc == 0, out
+    record = json.loads(out[out.index("{"):])
+    row = next(r for r in doctor_gpu.versions.DATA["matrix"] if r["name"] == record["row"])
+    assert row["kernels"].get(record["platform"]) == record["cuda_arch_list"], \
+        f"versions.json {row['name']} {record['platform']}: {row['kernels']}; the image: {record['cuda_arch_list']}"
