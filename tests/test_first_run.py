@@ -75,11 +75,11 @@ def test_ssh_login_starts_tmux_in_workspace_and_logs_out_cleanly(start_container
     probe = "tmux new -d -s main; sleep 1; tmux display -p -t main '#{pane_current_path}'"
     r = subprocess.run([*ssh, probe], capture_output=True, text=True, timeout=60, check=False,
                        stdin=subprocess.DEVNULL, env=env_without_agent(tmp_path))
-    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == ["/workspace"], r.stdout + r.stderr
-    wait_until(lambda: "Disconnected from user dev" in c.logs().decode(errors="replace")
-               or "session closed" in c.logs().decode(errors="replace"), 10, "no logout logged", interval=0.5)
+    wait_until(lambda: "Disconnected from user dev" in c.logs().decode(errors="replace"), 10,
+               "no logout logged", interval=0.5)
     logs = c.logs().decode(errors="replace")
     assert "logout() returned an error" not in logs, logs[-2000:]
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == ["/workspace"], r.stdout + r.stderr
 
 
 def test_make_run_hands_the_container_its_host_ports_and_stop_grace(tmp_path):
