@@ -102,7 +102,7 @@ def test_docker_stop_saves_a_tmux_job_with_dataloader_workers_piped_into_tee(wor
     JPEGs decoded by DataLoader workers. `docker stop` signals every process, the workers and
     tee included: the run should still save at the step it reached (its workers ignore the
     signal, its output survives the dead pipe), and the log should say it ended in time."""
-    c = start_container(volumes=workspace_volume)
+    c = start_container(volumes=workspace_volume, environment={"STOP_TIMEOUT": "10"})
     wait_for_log(c, READY, timeout=120)
     rc, out = c.exec_run(["bash", "-c", MAKE_FOLDER_800], user="dev", workdir="/workspace")
     assert rc == 0, f"the data folder was not made: {out!r}"
@@ -132,3 +132,17 @@ def test_docker_stop_saves_a_tmux_job_with_dataloader_workers_piped_into_tee(wor
 
 def train_log_text(volume, run_in_image):
     return run_in_image(["cat", "/workspace/train.log"], volumes=volume)[1][-3000:]
+
+
+def test_docker_stop_gives_jobs_stop_timeout_less_the_services_and_logs_how_long(start_container):
+    """STOP_TIMEOUT=9 (make run passes it with --stop-timeout 9): a job that needs 2 s to save
+    should get up to 6 s, and the log should say both numbers."""
+    c = start_container(environment={"STOP_TIMEOUT": "9"})
+    wait_for_log(c, READY, timeout=120)
+    saver = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2), sys.exit(0))); time.sleep(300)"
+    c.exec_run(["python3", "-c", saver], user="dev", detach=True)
+    wait_until(lambda: c.exec_run(["pgrep", "-f", "signal.SIGTERM"]).exit_code == 0, 30, "the job did not start")
+    c.stop(timeout=9)
+    logs = c.logs().decode(errors="replace")
+    assert re.search(r"^INFO .*up to 6 s to end: STOP_TIMEOUT=9 less 3 s for the services", logs, re.MULTILINE), logs[-2000:]
+    assert re.search(r"^INFO .*The jobs ended in time \([23] s of their 6 s\)", logs, re.MULTILINE), logs[-2000:]
