@@ -239,7 +239,8 @@ def test_unwritable_workspace_is_an_error_with_the_fix(run_in_image, tmp_path):
     """Container should log an ERROR with the fix when dev cannot write the mounted /workspace."""
     tmp_path.chmod(0o755)  # root-owned: says nothing about the host user, so no UID change
     _, out = run_in_image(["true"], volumes={str(tmp_path): {"bind": "/workspace", "mode": "rw"}})
-    assert re.search(r"^ERROR .*/workspace .*not writable.*HOST_UID=\$\(id -u\)", out, re.MULTILINE), \
+    # Root-owned is root's own checkout: HOST_UID=$(id -u) would be 0, refused; an ACL is the fix.
+    assert re.search(r"^ERROR .*/workspace .*cannot write.*setfacl -R -m u:1000:rwX", out, re.MULTILINE), \
         f"an ERROR with the fix is expected:\n{out}"
 
 

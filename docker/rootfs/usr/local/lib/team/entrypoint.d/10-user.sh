@@ -25,6 +25,12 @@ _workspace_unwritable_reason() {
   if [ "$(id -u)" != 0 ]; then
     echo "/workspace (owner $(stat -c %u:%g /workspace)) is not writable by UID $1 from --user: notebooks and files cannot be saved. Fix: --user \$(stat -c %u:%g <dir>) to match the directory's owner, or drop --user (the entrypoint then maps $NB_USER to the owner of the mounted /workspace)"; return
   fi
+  if [ "$(stat -c %u /workspace)" = 0 ]; then
+    # A root-owned checkout (root on a cloud VM): HOST_UID=$(id -u) would be 0, which is refused,
+    # and a chown to $1 makes git refuse the checkout to root ("dubious ownership"). An ACL
+    # lets UID $1 write while root stays the owner.
+    echo "/workspace belongs to root (mode $(stat -c %a /workspace)) and $NB_USER (UID $1) cannot write it: notebooks and files cannot be saved. Fix, one step on the host as root (root stays the owner): setfacl -R -m u:$1:rwX -m d:u:$1:rwX <dir> (apt-get install acl), then start the container again"; return
+  fi
   echo "/workspace (owner $(stat -c %u:%g /workspace), mode $(stat -c %a /workspace)) is not writable by UID $1: notebooks and files cannot be saved. Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g), or on the host: chown \$(id -u):\$(id -g) <dir>"
 }
 

@@ -116,7 +116,8 @@ _jupyter_step() {
 
   # A token we made is shown once, in the ready line; one you chose is not repeated in the logs
   # (Jupyter masks it too), since logs travel further than the container.
-  local url="http://127.0.0.1:$port/lab"
+  # HOST_PORT_JUPYTER: the host port make run or compose publishes it on (-p HOST:8888).
+  local url="http://127.0.0.1:${HOST_PORT_JUPYTER:-$port}/lab"
   case "$kind" in
     generated) url="$url?token=$token" ;;
     token) url="$url?token=<your token> (from ${JUPYTER_TOKEN_FILE:-JUPYTER_TOKEN})" ;;
