@@ -151,16 +151,19 @@ def test_token_from_file(start_jupyter, tmp_path):
     assert api(base, "/api/contents").status_code == 403, "no token should still be refused"
 
 
-def test_hashed_password_logs_in(start_container, start_jupyter):
-    """Container should accept a hashed password (made by jupyter_server.auth.passwd) at /login."""
-    maker = start_container(["python", "-c", "from jupyter_server.auth import passwd; print(passwd('s3cret'))"],
+def _password_hash(start_container, password):
+    """A hash of `password` made by jupyter_server.auth.passwd in the image."""
+    maker = start_container(["python", "-c", f"from jupyter_server.auth import passwd; print(passwd({password!r}))"],
                             detach=True)
     assert maker.wait(timeout=120)["StatusCode"] == 0, "passwd() should run in the image"
     hashed = maker.logs(stderr=False).decode().strip().splitlines()[-1]
     assert hashed.startswith("argon2:"), f"passwd() should give an argon2 hash, got {hashed!r}"
-    _, base, generated = start_jupyter({"JUPYTER_PASSWORD_HASH": hashed})
-    assert generated is None, "no token should be generated with a password"
-    for password, expect_in in (("wrong", False), ("s3cret", True)):
+    return hashed
+
+
+def _assert_only_the_password_logs_in(base, good):
+    """A wrong password at /login gets no API access; `good` does."""
+    for password, expect_in in (("wrong", False), (good, True)):
         s = requests.Session()
         s.get(f"{base}/login", timeout=TIMEOUT)
         r = s.post(f"{base}/login", data={"password": password, "_xsrf": s.cookies.get("_xsrf")},
@@ -168,6 +171,24 @@ def test_hashed_password_logs_in(start_container, start_jupyter):
         status = s.get(f"{base}/api/contents", timeout=TIMEOUT).status_code
         assert (status == 200) is expect_in, \
             f"password {password!r}: login gave {r.status_code}, then the API gave {status}"
+
+
+def test_hashed_password_logs_in(start_container, start_jupyter):
+    """Container should accept a hashed password (made by jupyter_server.auth.passwd) at /login."""
+    _, base, generated = start_jupyter({"JUPYTER_PASSWORD_HASH": _password_hash(start_container, "s3cret")})
+    assert generated is None, "no token should be generated with a password"
+    _assert_only_the_password_logs_in(base, "s3cret")
+
+
+def test_hashed_password_from_a_file_logs_in(start_container, start_jupyter, tmp_path):
+    """Container should read the password hash from JUPYTER_PASSWORD_HASH_FILE (a mounted secret,
+    in no environment and not in docker inspect) and accept that password only."""
+    (tmp_path / "hash").write_text(_password_hash(start_container, "s3cret") + "\n")
+    c, base, generated = start_jupyter(
+        {"JUPYTER_PASSWORD_HASH_FILE": "/run/secrets/jupyter_password_hash"},
+        volumes={str(tmp_path / "hash"): {"bind": "/run/secrets/jupyter_password_hash", "mode": "ro"}})
+    assert generated is None, f"no token should be generated with a password file:\n{c.logs().decode()}"
+    _assert_only_the_password_logs_in(base, "s3cret")
 
 
 def test_plain_password_in_hash_variable_is_refused(run_in_image):

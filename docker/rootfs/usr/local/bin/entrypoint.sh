@@ -35,7 +35,7 @@ START_SERVICES=$(( $# == 0 ))
 # the command start, so neither Jupyter, its kernels, SSH sessions nor /proc/PID/environ of a
 # process of the user holds them (the secrets among them are also unset by their steps).
 ENTRYPOINT_ONLY="PUBLIC_KEY PUBLIC_KEY_FILE JUPYTER_TOKEN JUPYTER_TOKEN_FILE JUPYTER_PASSWORD_HASH
-  JUPYTER_ALLOW_INSECURE HOST_UID HOST_GID GRANT_SUDO SSH_HOST_KEYS_DIR"
+  JUPYTER_PASSWORD_HASH_FILE JUPYTER_ALLOW_INSECURE HOST_UID HOST_GID GRANT_SUDO SSH_HOST_KEYS_DIR"
 for step in /usr/local/lib/team/entrypoint.d/*.sh; do
   # shellcheck source=/dev/null
   source "$step"
