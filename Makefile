@@ -25,6 +25,7 @@ CA_BUNDLE   ?=## PEM bundle for a TLS-inspecting proxy, handed to the build as a
 CONTAINER   ?= $(shell python3 scripts/doctor.py name --image '$(IMAGE)' --user '$(USER)')## container name for make run/stop/logs
 PORT_JUPYTER ?= 8888## host port make run publishes JupyterLab on
 PORT_SSH    ?= 2222## host port make run publishes SSH on
+STOP_TIMEOUT ?= 30## seconds make stop (and docker stop) gives the container; jobs in tmux/terminals get all but the last 3 to checkpoint
 PREFLIGHT   ?= 1## 0: make run/build skip their host checks (scripts/doctor.py preflight)
 CHECK_WHEELS ?= 1## 0: make lint skips the wheel check (scripts/check_wheels.py asks PyPI) and says so
 LOGS_ARGS   ?=## docker logs flags for make logs, e.g. -f (follow) or --tail 50
@@ -35,6 +36,10 @@ SMOKE_ARGS  ?=## arguments for make smoke's smoke suite, e.g. --require-gpu or -
 MIRROR      ?=## Debian mirror for make base-standin (empty: http://deb.debian.org/debian)
 HOST_SETUP  ?= 1## 0: make test skips make host-setup (installs nothing, starts no dockerd)
 LINT        ?= 1## 0: make test skips make lint (e.g. while rerunning one test file)
+# make has a built-in LINT (= lint), which ?= leaves in place: take it over.
+ifeq ($(origin LINT),default)
+LINT := 1
+endif
 
 # Mirrors for the build only (docs/building.md: Building behind a mirror). make build hands them to the
 # build as BuildKit secrets, not build args: build args are written into the image history, and
@@ -87,6 +92,8 @@ PULL_OPTS   = --docker '$(DOCKER)' --ref '$(REF)' $(if $(DIGEST),--digest '$(DIG
 ensure_image = $(if $(filter 1,$(BUILD)),$(MAKE) build,$(if $(REGISTRY),python3 scripts/pull.py ensure $(PULL_OPTS) \
   || { [ $$? = 3 ] && $(MAKE) build; },$(DOCKER) image inspect $(REF) >/dev/null 2>&1 || $(MAKE) build))
 
+# make help shows each variable's value as this make would use it (defaults evaluated).
+HELP_VARS = $(shell awk '/^[A-Z][A-Z0-9_]* *[?]=.*\#\# /{print $$1}' $(MAKEFILE_LIST))
 .PHONY: help build pull run shell test smoke lint clean base-standin mirror-base test-deps bench generate host-setup
 
 # make help lists these first, then every other target with a `## ` comment as a maintainer's.
@@ -97,7 +104,9 @@ help: ## Show this help: targets (everyday first), variables, the current image 
 	  /^[a-zA-Z0-9_-]+:.*## / { line = sprintf("  %s%-14s%s %s\n", on, $$1, off, $$2); if ($$1 in ev) a = a line; else b = b line } \
 	  END { printf "Everyday targets:\n%s\nMaintainer targets (tests, lint, benchmarks, base, publishing):\n%s", a, b }' $(MAKEFILE_LIST)
 	@echo; echo "Variables (override as VAR=value):"
-	@awk 'BEGIN{FS="[?]= *|## "} /^[A-Z][A-Z0-9_]* *[?]=.*## /{printf "  %-20s %s\n",$$1,$$3}' $(MAKEFILE_LIST)
+	@$(foreach v,$(HELP_VARS),HELPV_$(v)='$(subst ','\'',$($(v)))') \
+	awk 'BEGIN{FS="[?]= *|## "} /^[A-Z][A-Z0-9_]* *[?]=.*## /{n=$$1; sub(/ +$$/,"",n); d=ENVIRON["HELPV_" n]; \
+	  printf "  %-20s %s%s\n",n,$$3,(d == "" ? "" : " [" d "]")}' $(MAKEFILE_LIST)
 	@echo; echo "Current: REF=$(REF) REGISTRY=$(or $(REGISTRY),(none: local only)) BASE_IMAGE=$(BASE_IMAGE)"
 .PHONY: doctor stop logs ssh
 doctor: ## Check this host (Docker, BuildKit, GPU, disk, base, ports): what is fine, what to fix
@@ -126,6 +135,7 @@ run: ## Start the container (pulls or builds REF first if needed): JupyterLab on
 	python3 scripts/ssh_key.py run --port $(PORT_SSH) $(if $(wildcard .env),--env-file .env) -- \
 	  $(DOCKER) run --rm $(if $(shell [ -t 0 ] && echo y),-it) --name $(CONTAINER) $(GPU_FLAGS) \
 	  --shm-size=8g -p $(PORT_JUPYTER):8888 -p $(PORT_SSH):22 -v "$(CURDIR)":/workspace \
+	  -e HOST_PORT_JUPYTER=$(PORT_JUPYTER) -e HOST_PORT_SSH=$(PORT_SSH) --stop-timeout $(STOP_TIMEOUT) -e STOP_TIMEOUT=$(STOP_TIMEOUT) \
 	  $(if $(wildcard .env),--env-file .env) $(REF)
 
 # make run's container has new host keys each time, on this machine's own port: a known_hosts
@@ -134,11 +144,12 @@ run: ## Start the container (pulls or builds REF first if needed): JupyterLab on
 SSH_OPTS    ?= -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR## make ssh's ssh options
 SSH_ARGS    ?=## extra ssh flags for make ssh, e.g. -i ~/.ssh/other_key
 ssh: ## Log in to make run's container (PORT_SSH) and attach the team's tmux session "main"
-	ssh -p $(PORT_SSH) $(SSH_OPTS) $(SSH_ARGS) -t dev@localhost tmux new -A -s main
+	@python3 scripts/ssh_key.py login --docker '$(DOCKER)' --container '$(CONTAINER)' --port $(PORT_SSH) -- \
+	  ssh -p $(PORT_SSH) $(SSH_OPTS) $(SSH_ARGS) -t dev@localhost tmux new -A -s main
 
 stop: ## Stop and remove make run's container (CONTAINER); none running is fine
 	@c='$(CONTAINER)'; if $(DOCKER) container inspect "$$c" >/dev/null 2>&1; then \
-	  $(DOCKER) stop "$$c" >/dev/null && { $(DOCKER) rm -f "$$c" >/dev/null 2>&1; echo "stopped $$c"; }; \
+	  $(DOCKER) stop -t $(STOP_TIMEOUT) "$$c" >/dev/null && { $(DOCKER) rm -f "$$c" >/dev/null 2>&1; echo "stopped $$c"; }; \
 	else echo "no container named $$c: nothing to stop"; fi
 
 logs: ## Print make run's container logs: the ==> READY line has the JupyterLab URL

@@ -9,6 +9,11 @@ trainamp/amp.py. Imported as a module, this file gives the names of trainamp/api
 import sys
 
 try:
+    if __name__ == "__main__":
+        # Before torch is imported: a job started with stderr closed (2>&-) must not have
+        # the next file opened take its number, and a `| tee` that ends must cost nothing.
+        from trainamp.streams import guard_std_streams
+        guard_std_streams()
     from trainamp.api import *  # the names benchmarks and tests use
     from trainamp.api import __all__  # noqa: F401
     from trainamp.main import main

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import pathlib
+import platform
 import re
 import resource
 import shutil
@@ -37,6 +38,7 @@ import urllib.error
 import urllib.request
 
 import build_info
+import doctor_gpu
 import host_setup
 import versions
 from doctor_ports import check_container, check_ports, container_name
@@ -135,12 +137,25 @@ class Host:
         exe = self.o.nvidia_smi
         if not exe or not (os.path.isfile(exe) or shutil.which(exe)):
             return None
-        try:
-            r = subprocess.run([exe, "--query-gpu=driver_version,name", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=DOCKER_TIMEOUT, check=False)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return 1, "", str(e)
+        # compute_cap and the MIG mode are query fields since driver 510: ask the older fields alone
+        # where they are refused, and say the rest is unknown.
+        for fields in ("driver_version,name,compute_cap,mig.mode.current", "driver_version,name"):
+            try:
+                r = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader"],
+                                   capture_output=True, text=True, timeout=DOCKER_TIMEOUT, check=False)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return 1, "", str(e)
+            if r.returncode == 0:
+                break
         return r.returncode, r.stdout, r.stderr
+
+    def nvidia_smi_list(self):
+        """`nvidia-smi -L`: the GPUs and their MIG devices."""
+        try:
+            return subprocess.run([self.o.nvidia_smi, "-L"], capture_output=True, text=True,
+                                  timeout=DOCKER_TIMEOUT, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
 
     def memlock(self):
         """This process's memlock soft limit in bytes; None = unlimited."""
@@ -220,7 +235,7 @@ def driver_facts(h):
     if r is None:
         return None, "no nvidia-smi on this host"
     rc, out, err = r
-    lines = [ln.split(",", 1) for ln in out.strip().splitlines() if "," in ln]
+    lines = [ln.split(",") for ln in out.strip().splitlines() if "," in ln]
     if rc != 0 or not lines:
         said = (err or out).strip().splitlines() or [f"exit code {rc}"]
         return None, f"nvidia-smi failed: {said[0]}"
@@ -245,6 +260,16 @@ def check_driver(h, row):
                      ("CUDA forward compatibility (cuda-compat) is no way round it: GeForce/RTX "
                      "GPUs cannot use it, and the image carries none")])]
     return [Row(OK, "driver", f"driver {driver} >= {need} (versions.json min_driver), {gpus}")]
+
+
+def check_gpu_flavour(h, row):
+    """Which versions.json rows run on each host GPU (kernels, min_driver) and which to use."""
+    if driver_facts(h)[0] is None:
+        return []  # the driver row has said why
+    gpus = doctor_gpu.parse_smi(h.nvidia_smi()[1])
+    mig = h.nvidia_smi_list() if any(g["mig"].lower() == "enabled" for g in gpus) else None
+    arch = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}.get(platform.machine(), "linux/amd64")
+    return doctor_gpu.check_gpu_rows(gpus, row, arch, mig)
 
 
 def cdi_nvidia_specs(info):
@@ -458,7 +483,7 @@ def doctor(h, o, row):
     docker_ok = rows[0].status == OK
     if docker_ok:
         rows += check_buildkit(h)
-    rows += check_driver(h, row) + check_runtime(h)
+    rows += check_driver(h, row) + check_gpu_flavour(h, row) + check_runtime(h)
     if docker_ok:
         rows += check_gpu_container(h, o.image)
         rows += check_disk(h, o.image)

@@ -12,6 +12,7 @@ import re
 import sys
 
 import build_info
+import doctor_gpu
 import versions
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -74,6 +75,28 @@ ROW_BLOCKS = {
 }
 
 
+def rebuilds_table():
+    """docs/support.md: the last day each row is rebuilt (versions.json rebuilds_until)."""
+    return "| Row | Descriptive tag | Rebuilt weekly until |\n|---|---|---|\n" + "".join(
+        f"| `{r['name']}` | `{build_info.tag(r)}` | {r.get('rebuilds_until') or 'no end set yet (at least 6 months after a newer torch row joins)'} |\n"
+        for r in versions.DATA["matrix"])
+
+
+def gpu_table():
+    return (doctor_gpu.flavour_table() + "\n"
+            "yes (amd64): only that platform's image has kernels for it. Driver floors: "
+            + doctor_gpu.driver_floor_line() + ". `make doctor` reads your GPUs and says the same.\n")
+
+
+# Blocks whose whole body a function writes: (file, block name) -> (leader, function).
+CALL_BLOCKS = {
+    ("README.md", "gpu-table"): ("<!--", gpu_table),
+    ("README.zh-CN.md", "gpu-table"): ("<!--", gpu_table),
+    ("docs/support.md", "rebuilds"): ("<!--", rebuilds_table),
+    ("docs/zh-CN/support.md", "rebuilds"): ("<!--", rebuilds_table),
+}
+
+
 def values(r):
     """What templates may use: every field of the row, and what is derived from them."""
     out = {k: v for k, v in r.items() if isinstance(v, str)}
@@ -112,6 +135,8 @@ def expected_files(vals):
         body = header + "".join(render(line, values(r), f"{path} block {name}")
                                 for r in versions.DATA["matrix"])
         blocks[(path, name)] = (leader, body)
+    for key, (leader, write) in CALL_BLOCKS.items():
+        blocks[key] = (leader, write())
     for (path, name), (leader, body) in blocks.items():
         text = out.get(path) or (ROOT / path).read_text()
         end = " -->" if leader == "<!--" else ""

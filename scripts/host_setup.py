@@ -46,6 +46,17 @@ def compose_works(h):
         h.which(h.docker) and h.run([h.which(h.docker), "compose", "version"]).returncode == 0)
 
 
+def engine_here(h):
+    """An engine answers (here or at DOCKER_HOST), or dockerd is installed to start one: a client
+    alone (Docker's static client in /usr/local/bin, say) is no engine. "permission denied" is
+    an engine too: start_dockerd then says how to get access."""
+    docker = h.which(h.docker) or h.which("docker")
+    if h.which("dockerd"):
+        return True
+    info = h.run([docker, "info", "--format", "{{.ServerVersion}}"])
+    return info.returncode == 0 or "permission denied" in (info.stderr + info.stdout).lower()
+
+
 QEMU_MIN = (10, 0)  # Debian 12's 7.2 crashes in `import torch` (signal 11); 10.0.2 imports it
 
 
@@ -71,7 +82,8 @@ def arm64_emulation_works(h):
 # Checked by command, not by package: Docker's docker-ce, NodeSource's node or a chromium from
 # elsewhere serve as well as Debian's packages.
 TOOLS = [
-    Tool("docker", ["docker"], ["docker.io"], "the engine and client: build, every test"),
+    Tool("docker", ["docker"], ["docker.io"], "the engine and client: build, every test",
+         probe=engine_here),
     Tool("python3 venv", ["python3"], ["python3-venv"], "make test-deps: python3 -m venv .venv-test",
          probe=python_has_venv),
     Tool("node, npm", ["node", "npm"], ["nodejs", "npm"],
@@ -86,6 +98,7 @@ TOOLS = [
     Tool("podman", ["podman"], ["podman"], "tests/test_podman.py"),
     Tool("skopeo", ["skopeo"], ["skopeo"], "make push ZSTD=1 (Docker 20.10 cannot push zstd), tests/test_zstd.py"),
     Tool("tini-static", ["tini-static"], ["tini"], "the runnable tiny image of tests/test_pull.py and test_zstd.py"),
+    Tool("acl", ["setfacl"], ["acl"], "tests/test_first_run.py: the root-owned checkout's one step"),
 ]
 STANDIN_TOOLS = [
     Tool("debootstrap", ["debootstrap", "dpkg-deb"], ["debootstrap"],
@@ -210,6 +223,8 @@ def install(h, tools):
         # qemu serves only once registered again.
         for action in ("--disable", "--enable"):
             h.run([*prefix, h.which("update-binfmts"), action, "qemu-aarch64"])
+    if any(t in ARM64_TOOLS for t in tools) and not arm64_emulation_works(h):
+        register_binfmt(h, prefix)
     if any("docker-registry" in t.packages for t in tools):
         # Debian's package starts its own registry service on :5000; the tests start theirs.
         systemctl = h.which("systemctl")
@@ -219,6 +234,39 @@ def install(h, tools):
     if still:
         log("ERROR", f"still missing after the install:\n    {describe(still, chr(10) + '    ')}")
     return not still
+
+
+def register_binfmt(h, prefix):
+    """Register qemu-aarch64 from the line QEMU 10 installs in /usr/lib/binfmt.d: on Debian that
+    is read by systemd-binfmt only (update-binfmts answers "not in database"), so on a host
+    without systemd nobody registers it. An old entry is removed first (-1), so the kernel opens
+    the new interpreter (F flag)."""
+    conf = pathlib.Path(h.o.binfmt_d, "qemu-aarch64.conf")
+    try:
+        line = next(ln.strip() for ln in conf.read_text().splitlines()
+                    if ln.strip() and not ln.startswith(("#", ";")))
+    except (OSError, StopIteration):
+        return  # an older qemu: update-binfmts was its way
+    entry, register = pathlib.Path(h.o.binfmt, "qemu-aarch64"), pathlib.Path(h.o.binfmt, "register")
+    if not register.exists():
+        log("ERROR", f"{register} is missing: mount binfmt_misc, then run this again:\n"
+                     f"    {'sudo ' if prefix else ''}mount -t binfmt_misc binfmt_misc {h.o.binfmt}")
+        return
+    for path, text in ([(entry, "-1")] if entry.exists() else []) + [(register, line)]:
+        if prefix:  # through sudo: a shell of root's does the redirection
+            r = h.run([*prefix, h.which("sh") or "/bin/sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh", text, str(path)])
+            error = (r.stderr or r.stdout).strip() if r.returncode else ""
+        else:
+            try:
+                with open(path, "w") as f:
+                    f.write(text + "\n")
+                error = ""
+            except OSError as e:
+                error = str(e)
+        if error:
+            log("ERROR", f"writing {path} failed: {error}")
+            return
+    log("INFO", f"registered qemu-aarch64 with binfmt_misc from {conf} (no systemd-binfmt here)")
 
 
 def dockerd_running():
@@ -299,6 +347,7 @@ def parse(argv):
     p.add_argument("--os-release", default="/etc/os-release")
     p.add_argument("--dockerd-log", default="/var/log/dockerd.log")
     p.add_argument("--binfmt", default="/proc/sys/fs/binfmt_misc")
+    p.add_argument("--binfmt-d", default="/usr/lib/binfmt.d", help="where qemu-user-static 10 puts its binfmt line")
     p.add_argument("--backports-list", default=BACKPORTS_LIST)
     return p.parse_args(argv)
 

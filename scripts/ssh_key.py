@@ -3,6 +3,7 @@
 (in the environment, never on the command line or in a layer), and print the ssh line to use.
 
     ssh_key.py run [--env-file FILE] [--port N] -- DOCKER run ARGS...
+    ssh_key.py login --container NAME [--docker D] [--port N] -- ssh ARGS...   (make ssh)
 
 Where the key comes from, first found wins: PUBLIC_KEY or PUBLIC_KEY_FILE in --env-file (left
 to Docker: an `-e` would override it), PUBLIC_KEY in our environment, the ssh-agent's keys
@@ -106,6 +107,47 @@ def run(opts):
         sys.exit(f"ssh_key.py: cannot run {shlex.join(cmd[:2])}: {e}")
 
 
+def ssh_state(docker, container):
+    """SSH in make run's container, from its ready line: 'on', 'off', 'starting' or 'absent'
+    (no container of that name: make ssh may still reach another one)."""
+    try:
+        r = subprocess.run([docker, "logs", container], capture_output=True, text=True, timeout=15, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "absent"
+    if r.returncode != 0:
+        return "absent"
+    ready = [ln for ln in (r.stdout + r.stderr).splitlines() if "==> READY" in ln]
+    if not ready:
+        return "starting"
+    return "off" if "SSH off" in ready[-1] else "on"
+
+
+SSH_OFF_FIX = ("To turn it on: make stop, make a key if you have none (ssh-keygen -t ed25519), then "
+               "make run again: it hands ~/.ssh/*.pub (or your ssh-agent's key) to the container; "
+               "or set PUBLIC_KEY in .env.")
+
+
+def login(opts):
+    """make ssh: say so when make run's container has SSH off (ssh alone says only "Connection
+    reset by peer"), else run ssh; when ssh fails to connect, say what the container says."""
+    state = ssh_state(opts.docker, opts.container)
+    if state == "off":
+        sys.exit(f"make ssh: SSH is off in {opts.container}: it was started without an SSH public "
+                 f"key.\n  {SSH_OFF_FIX}")
+    cmd = opts.command[1:] if opts.command[:1] == ["--"] else opts.command
+    rc = subprocess.run(cmd, check=False).returncode
+    if rc == 255:  # ssh's own failure (no connection, refused key), not the remote command's
+        state = ssh_state(opts.docker, opts.container)
+        why = {"absent": f"no container named {opts.container} answers here: make run starts it "
+                         "(make ssh logs in to make run's container on PORT_SSH)",
+               "starting": f"{opts.container} is still starting: wait for its ==> READY line (make logs)",
+               "off": f"SSH is off in {opts.container}. {SSH_OFF_FIX}",
+               "on": f"{opts.container} has SSH on, so the message above is from ssh: the port "
+                     f"(PORT_SSH={opts.port}) or the key (SSH_ARGS=-i KEY) is wrong"}[state]
+        print(f"make ssh: ssh could not log in: {why}", file=sys.stderr)
+    return rc
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="action", required=True)
@@ -113,7 +155,14 @@ def main(argv=None):
     r.add_argument("--env-file", help="the --env-file make run passes (.env), if any")
     r.add_argument("--port", default="2222", help="host port of the container's 22 (PORT_SSH)")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- DOCKER run ARGS...")
+    g = sub.add_parser("login", help="make ssh: check make run's container has SSH on, then ssh")
+    g.add_argument("--docker", default="docker")
+    g.add_argument("--container", required=True)
+    g.add_argument("--port", default="2222", help="PORT_SSH, for the message")
+    g.add_argument("command", nargs=argparse.REMAINDER, help="-- ssh ARGS...")
     opts = p.parse_args(argv)
+    if opts.action == "login":
+        sys.exit(login(opts))
     if opts.command[:1] == ["--"]:
         opts.command = opts.command[1:]
     run(opts)

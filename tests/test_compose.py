@@ -102,6 +102,11 @@ def test_compose_tells_the_entrypoint_its_stop_grace_period(project):
     assert dl["environment"].get("STOP_TIMEOUT") == str(seconds), (
         f"STOP_TIMEOUT should be {seconds} (stop_grace_period {grace}), is "
         f"{dl['environment'].get('STOP_TIMEOUT')!r}")
+    # One setting for both, and the host ports for the ready line, from the environment or .env.
+    moved = yaml.safe_load(project["run"]("config", extra_env={"STOP_TIMEOUT": "45", "PORT_JUPYTER": "18888"}).stdout)
+    dl = moved["services"]["dl"]
+    assert (str(dl["stop_grace_period"]), dl["environment"].get("STOP_TIMEOUT")) == ("45s", "45"), dl
+    assert dl["environment"].get("HOST_PORT_JUPYTER") == "18888", dl["environment"]
 
 
 def test_compose_default_image_is_the_version_file_tag(project):

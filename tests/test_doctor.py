@@ -111,8 +111,9 @@ class FakeHost:
         }
         self.driver("550.54.15", "NVIDIA H100 80GB HBM3")
 
-    def driver(self, version, name):
-        self.smi.write_text(f"#!/bin/sh\necho '{version}, {name}'\n")
+    def driver(self, version, name, cc="9.0"):
+        # The answer to doctor's --query-gpu=driver_version,name,compute_cap,mig.mode.current.
+        self.smi.write_text(f"#!/bin/sh\necho '{version}, {name}, {cc}, [N/A]'\n")
         self.smi.chmod(0o755)
 
     def save(self):
@@ -177,7 +178,7 @@ def test_good_host_is_all_ok_and_changes_nothing(host):
     bad = {k: v for k, v in rows.items() if v[0] in ("WARN", "FAIL")}
     assert not bad, out
     for check in ("docker", "buildkit", "driver", "nvidia runtime", "gpu container", "disk",
-                  "base image", f"port {host.ports[0]}", f"port {host.ports[1]}",
+                  "base image", "gpu flavour", f"port {host.ports[0]}", f"port {host.ports[1]}",
                   "container name", "/dev/shm"):
         assert rows.get(check, ("missing",))[0] == "OK", f"{check} is not OK:\n{out}"
     assert status(out, "memlock")[0] == "SKIP", out
@@ -531,7 +532,16 @@ def test_make_stop_and_logs(host):
     assert r.returncode == 0 and "==> READY" in r.stdout, r.stdout + r.stderr
     r = make(host, "stop", f"CONTAINER={CONTAINER}")
     assert r.returncode == 0 and f"stopped {CONTAINER}" in r.stdout, r.stdout + r.stderr
-    assert ["stop", CONTAINER] in host.calls(), host.calls()
+    assert ["stop", "-t", "30", CONTAINER] in host.calls(), f"make stop gives STOP_TIMEOUT: {host.calls()}"
+
+
+def test_make_doctor_exits_with_the_status_the_readme_gives(host):
+    """README's first run says which exit status of make doctor means "something to fix"."""
+    said = re.search(r"`make doctor`.*?exits? (\d+)[^;)]*something to fix", (ROOT / "README.md").read_text())
+    assert said, "README.md's first run no longer says make doctor's exit status"
+    host.driver("470.57.02", "Tesla V100-SXM2-16GB", "7.0")  # below min_driver: a FAIL
+    r = make(host, "doctor", f"IMAGE={IMAGE.split(':')[0]}", f"TAG={IMAGE.split(':')[1]}")
+    assert r.returncode == int(said.group(1)), f"README says {said.group(1)}, make doctor exits {r.returncode}"
 
 
 def test_make_help_lists_the_new_targets(host):

@@ -9,7 +9,7 @@ import generate  # the list of generated files and blocks (scripts/generate.py)
 import pytest
 from conftest import ROOT
 
-OUTPUTS = sorted(set(generate.FILES) | {path for path, _ in generate.BLOCKS})
+OUTPUTS = sorted(set(generate.FILES) | {path for path, _ in [*generate.BLOCKS, *generate.CALL_BLOCKS]})
 
 
 def check(root):

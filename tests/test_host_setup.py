@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 
 import host_setup  # scripts/ (conftest.py puts it on sys.path)
@@ -41,7 +42,8 @@ class FakeHost:
         self.stub("docker", f'[ "$1" = compose ] && {{ [ -e {self.plugin} ] || exit 1; }}\n'
                             f'[ "$1" = info ] && {{ [ -e {self.up} ] || {{ echo "Cannot connect to '
                             'the Docker daemon at unix:///var/run/docker.sock" >&2; exit 1; }; }')
-        self.stub("dockerd", f"touch {self.up}")
+        if "dockerd" not in without:
+            self.stub("dockerd", f"touch {self.up}")
         self.stub("systemctl", f'[ "$1" = start ] && touch {self.up}')
 
     def stub(self, name, body=""):
@@ -163,6 +165,46 @@ def test_arm64_emulation_with_debian_12s_qemu_installs_qemu_10_from_backports(tm
         ["update-binfmts --disable qemu-aarch64", "update-binfmts --enable qemu-aarch64"], host.calls()
 
 
+# Debian's qemu-user-static 10 (bookworm-backports) ships this for systemd-binfmt (escapes as in the file).
+QEMU_BINFMT_D = (r":qemu-aarch64:M::\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00"
+                 r":\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff"
+                 ":/usr/libexec/qemu-binfmt/aarch64-binfmt-P:POCF\n")
+
+
+def fake_binfmt_kernel(binfmt):
+    """binfmt_misc's `register` as a FIFO, read by a thread that does what the kernel does with a
+    line written there: make the entry file (enabled, the interpreter, the flags). Returns the
+    lines it was given."""
+    register, given = binfmt / "register", []
+    os.mkfifo(register)
+
+    def serve():
+        while True:
+            with open(register) as fifo:  # blocks until a writer opens it
+                for line in fifo.read().splitlines():
+                    given.append(line)
+                    _, name, _, _, _, _, interpreter, flags = line.split(":")
+                    (binfmt / name).write_text(f"enabled\ninterpreter {interpreter}\nflags: {flags}\noffset 0\n")
+    threading.Thread(target=serve, daemon=True).start()
+    return given
+
+
+def test_arm64_emulation_without_systemd_registers_qemu_from_its_binfmt_d_file(tmp_path):
+    """QEMU 10 registers arm64 through /usr/lib/binfmt.d (systemd-binfmt), not binfmt-support's
+    database: on a host without systemd, where update-binfmts answers "not in database", host-setup
+    should write the binfmt.d line to binfmt_misc's register file itself, then find it working."""
+    host, extra = arm64_host(tmp_path, "10.0.2", entry=None)
+    host.stub("update-binfmts", 'echo "update-binfmts: warning: qemu-aarch64 not in database of installed binary formats." >&2; exit 2')
+    binfmt_d = tmp_path / "binfmt.d"
+    binfmt_d.mkdir()
+    (binfmt_d / "qemu-aarch64.conf").write_text("# qemu-user-static\n" + QEMU_BINFMT_D)
+    given = fake_binfmt_kernel(tmp_path / "binfmt")
+    rc, out = host.run("setup", *extra, "--binfmt-d", str(binfmt_d))
+    assert rc == 0, out
+    assert given == [QEMU_BINFMT_D.strip()], given
+    assert "registered qemu-aarch64" in out, out
+
+
 @pytest.mark.parametrize("version,entry,ok", [
     ("10.0.2", QEMU_ENTRY, True),
     ("10.0.2", QEMU_ENTRY.replace("flags: PF", "flags: P"), False),  # no F: unusable in containers
@@ -240,6 +282,26 @@ def test_root_starts_a_stopped_dockerd(tmp_path):
     started = [c for c in host.calls() if c.startswith(("dockerd", "systemctl start docker"))]
     assert started, f"dockerd was not started: {host.calls()}"
     assert "starting the Docker daemon" in out and time.monotonic() - start < 30, out
+
+
+def test_client_without_an_engine_installs_docker_io_and_starts_it(tmp_path):
+    """A docker client on PATH (e.g. /usr/local/bin/docker) but no dockerd and no engine answering,
+    as root: host-setup should install docker.io and start its dockerd, not stop."""
+    host = FakeHost(tmp_path, without=["dockerd"], docker_up=False)
+    host.stub("apt-get", f'[ "$1" = install ] && printf \'#!/bin/sh\\ntouch {host.up}\\n\' > {host.bin / "dockerd"}'
+                         f' && chmod +x {host.bin / "dockerd"}; exit 0')
+    rc, out = host.run()
+    assert rc == 0, out
+    assert "apt-get install -y -qq --no-install-recommends docker.io" in host.calls(), host.calls()
+    assert "starting the Docker daemon" in out, out
+
+
+def test_client_with_a_remote_engine_installs_no_dockerd(tmp_path):
+    """A docker client whose engine answers (DOCKER_HOST elsewhere) needs no local dockerd."""
+    host = FakeHost(tmp_path, without=["dockerd"])
+    host.apt_installs()
+    rc, out = host.run()
+    assert rc == 0 and not apt_calls(host), out + "\n".join(host.calls())
 
 
 def test_dockerd_that_exits_is_reported_with_its_log_at_once(tmp_path):

@@ -163,6 +163,43 @@ def test_pip_upgrade_of_a_pinned_package_says_the_pin_held_it(run_in_image, tmp_
     assert "UPGRADE rc=0" in out and "OTHER rc=0" in out, f"pip should succeed:\n{out}"
 
 
+@pytest.mark.parametrize("tool", ["pip", "uv"])
+def test_upgrade_cannot_swap_torch_for_another_build_of_its_version(run_in_image, tmp_path, tool):
+    """`pip install -U torch` and `uv pip install -U torch` from an index that holds torch's CPU
+    build of the pinned version (2.6.0+cpu, as download.pytorch.org/whl/cpu does) should keep the
+    installed build: the pins name the exact build, local label and all."""
+    _wheel(tmp_path, "torch", f"{THIS['torch']}+cpu")
+    os.chmod(tmp_path, 0o755)
+    install = {"pip": "pip install --dry-run -U --no-index --find-links /wheels torch",
+               "uv": "uv pip install --dry-run -U --offline --no-index --find-links /wheels torch"}[tool]
+    unpinned = {"pip": "PIP_CONFIG_FILE=/dev/null", "uv": "env -u UV_CONSTRAINT"}[tool]
+    script = (f"{install} 2>&1; echo PINNED rc=$?; {unpinned} {install} 2>&1; echo UNPINNED rc=$?;"
+              " grep '^torch=' /opt/venv/etc/constraints.txt")
+    code, out = run_in_image(["bash", "-c", script], volumes={str(tmp_path): {"bind": "/wheels", "mode": "ro"}})
+    assert code == 0, out
+    pinned, unpinned_out = re.split(r"^(?:PINNED|UNPINNED) rc=.*$", out, flags=re.MULTILINE)[:2]
+    swap = re.compile(rf"(Would install torch-|\+ torch==){re.escape(THIS['torch'])}\+cpu")
+    # The control: without the pins the fake CPU build is taken, so the index does offer it.
+    assert swap.search(unpinned_out), f"control: unpinned, {tool} should take the +cpu build:\n{out}"
+    assert not swap.search(pinned), f"{tool} -U would replace the installed torch with a +cpu build:\n{out}"
+
+
+def test_pip_guard_says_so_when_a_pinned_package_was_replaced(run_in_image, tmp_path):
+    """When the pins are bypassed (dev's own pip.conf sets `constraint = /dev/null`, which
+    overrides /etc/pip.conf's) and `pip install -U torchvision` replaces it, the guard should say
+    it was replaced, never that the pin held it."""
+    _wheel(tmp_path, "torchvision", "99.0")
+    os.chmod(tmp_path, 0o755)
+    script = ("mkdir -p ~/.config/pip && printf '[global]\\nconstraint = /dev/null\\n' > ~/.config/pip/pip.conf"
+              " && pip install -U --no-index --find-links /wheels torchvision 2>&1; echo rc=$?;"
+              " pip show torchvision 2>/dev/null | grep ^Version:")
+    code, out = run_in_image(["bash", "-c", script], volumes={str(tmp_path): {"bind": "/wheels", "mode": "ro"}})
+    assert code == 0 and "Version: 99.0" in out, f"control: the bypass should have installed 99.0:\n{out}"
+    assert "left it as it was" not in out, f"the guard said the pin held a package pip replaced:\n{out}"
+    assert re.search(rf"WARNING: torchvision {re.escape(THIS['torchvision'])} -> 99\.0: the image's pin", out), (
+        f"the guard should say torchvision was replaced:\n{out}")
+
+
 # As dev: the owner and mode of each pip-guard file, then whether an append to it succeeds.
 GUARD_PROBE = ("for f in /opt/venv/etc/constraints.txt /etc/pip.conf; do"
                " echo \"GUARD $f $(stat -c '%U:%G %a' $f) $( (echo '# x' >> $f) 2>/dev/null"

@@ -151,16 +151,19 @@ def test_token_from_file(start_jupyter, tmp_path):
     assert api(base, "/api/contents").status_code == 403, "no token should still be refused"
 
 
-def test_hashed_password_logs_in(start_container, start_jupyter):
-    """Container should accept a hashed password (made by jupyter_server.auth.passwd) at /login."""
-    maker = start_container(["python", "-c", "from jupyter_server.auth import passwd; print(passwd('s3cret'))"],
+def _password_hash(start_container, password):
+    """A hash of `password` made by jupyter_server.auth.passwd in the image."""
+    maker = start_container(["python", "-c", f"from jupyter_server.auth import passwd; print(passwd({password!r}))"],
                             detach=True)
     assert maker.wait(timeout=120)["StatusCode"] == 0, "passwd() should run in the image"
     hashed = maker.logs(stderr=False).decode().strip().splitlines()[-1]
     assert hashed.startswith("argon2:"), f"passwd() should give an argon2 hash, got {hashed!r}"
-    _, base, generated = start_jupyter({"JUPYTER_PASSWORD_HASH": hashed})
-    assert generated is None, "no token should be generated with a password"
-    for password, expect_in in (("wrong", False), ("s3cret", True)):
+    return hashed
+
+
+def _assert_only_the_password_logs_in(base, good):
+    """A wrong password at /login gets no API access; `good` does."""
+    for password, expect_in in (("wrong", False), (good, True)):
         s = requests.Session()
         s.get(f"{base}/login", timeout=TIMEOUT)
         r = s.post(f"{base}/login", data={"password": password, "_xsrf": s.cookies.get("_xsrf")},
@@ -168,6 +171,24 @@ def test_hashed_password_logs_in(start_container, start_jupyter):
         status = s.get(f"{base}/api/contents", timeout=TIMEOUT).status_code
         assert (status == 200) is expect_in, \
             f"password {password!r}: login gave {r.status_code}, then the API gave {status}"
+
+
+def test_hashed_password_logs_in(start_container, start_jupyter):
+    """Container should accept a hashed password (made by jupyter_server.auth.passwd) at /login."""
+    _, base, generated = start_jupyter({"JUPYTER_PASSWORD_HASH": _password_hash(start_container, "s3cret")})
+    assert generated is None, "no token should be generated with a password"
+    _assert_only_the_password_logs_in(base, "s3cret")
+
+
+def test_hashed_password_from_a_file_logs_in(start_container, start_jupyter, tmp_path):
+    """Container should read the password hash from JUPYTER_PASSWORD_HASH_FILE (a mounted secret,
+    in no environment and not in docker inspect) and accept that password only."""
+    (tmp_path / "hash").write_text(_password_hash(start_container, "s3cret") + "\n")
+    c, base, generated = start_jupyter(
+        {"JUPYTER_PASSWORD_HASH_FILE": "/run/secrets/jupyter_password_hash"},
+        volumes={str(tmp_path / "hash"): {"bind": "/run/secrets/jupyter_password_hash", "mode": "ro"}})
+    assert generated is None, f"no token should be generated with a password file:\n{c.logs().decode()}"
+    _assert_only_the_password_logs_in(base, "s3cret")
 
 
 def test_plain_password_in_hash_variable_is_refused(run_in_image):
@@ -421,3 +442,53 @@ def test_terminals_see_neither_the_token_nor_public_key(start_jupyter, tmp_path)
     assert seen["HOME"] == "/home/dev", f"the probe should see the terminal's own variables: {seen}"
     assert seen == {"JUPYTER_TOKEN": "unset", "PUBLIC_KEY": "unset", "HOME": "/home/dev", "hits": "0"}, (
         f"a Jupyter terminal sees the token or the SSH key: {seen}")
+
+
+@pytest.mark.parametrize("name,text", [
+    ("50-broken.py", "c.ServerApp.allow_hidden = True\nthis is not python\n"),
+    ("50-broken.json", '{"ServerApp": {"allow_hidden": true,}\n'),
+], ids=["py-syntax-error", "json-invalid"])
+def test_a_broken_drop_in_is_named_and_skipped_and_auth_and_address_hold(start_jupyter, tmp_path, name, text):
+    """Container should name a Jupyter drop-in that does not load and skip it, while Jupyter still
+    listens on the published port and requires the user's token (a broken drop-in once made it
+    drop the image's whole config: 127.0.0.1 only, JUPYTER_TOKEN ignored, yet READY)."""
+    (tmp_path / name).write_text(text)
+    (tmp_path / "60-good.py").write_text("c.ContentsManager.allow_hidden = True\n")
+    tmp_path.chmod(0o755)
+    token = "tok-" + uuid.uuid4().hex
+    c, base, _ = start_jupyter({"JUPYTER_TOKEN": token},
+                               volumes={str(tmp_path): {"bind": "/etc/jupyter/jupyter_server_config.d", "mode": "ro"}})
+    try:
+        status = api(base, "/api/contents", token).status_code
+    except requests.ConnectionError as e:
+        status = f"no answer ({e.__class__.__name__})"
+    assert status == 200, (f"the published port should serve Jupyter with the user's token despite "
+                           f"the broken {name}, got {status}:\n{c.logs().decode(errors='replace')}")
+    assert api(base, "/api/contents").status_code == 403, "without the token the API should be refused"
+    logs = c.logs().decode(errors="replace")
+    assert re.search(rf"^ERROR .*drop-in /etc/jupyter/jupyter_server_config.d/{re.escape(name)} is broken"
+                     r" and was skipped.*Fix: ", logs, re.MULTILINE), f"an ERROR should name {name}:\n{logs}"
+    c.exec_run(["touch", "/workspace/.dot"], user="dev")
+    names = {item["name"] for item in api(base, "/api/contents", token).json()["content"]}
+    assert ".dot" in names, f"the good drop-in beside the broken one should still apply: {names}"
+
+
+def test_the_log_redactor_runs_as_the_user_not_root(start_jupyter):
+    """Container should run jupyter-log-redact (which filters Jupyter's output) as the user
+    Jupyter runs as, never as root."""
+    c, _, _ = start_jupyter()
+    _, out = c.exec_run(["bash", "-c", "ps -eo user:16,args | grep '[j]upyter-log-redact'"])
+    users = [line.split()[0] for line in out.decode().splitlines()]
+    assert users == ["dev"], f"the redactor should run once, as dev: {out.decode()!r}"
+
+
+@pytest.mark.parametrize("shape", ["{}\nsecond-line", "{}\r", "{}\tx"], ids=["newline", "cr", "tab"])
+def test_token_with_a_line_break_is_refused_with_the_fix(run_in_image, shape):
+    """Container should refuse a JUPYTER_TOKEN holding a line break or another control character
+    (a two-line token no browser can send), without echoing it, and start nothing."""
+    secret = "tok" + uuid.uuid4().hex
+    code, logs = run_in_image(None, environment={"JUPYTER_TOKEN": shape.format(secret)}, timeout=60)
+    assert code == 64, f"the token should stop the container with 64, got {code}:\n{logs}"
+    assert re.search(r"^ERROR .*JUPYTER_TOKEN holds a line break.*Fix: ", logs, re.MULTILINE), (
+        f"an ERROR should say what is wrong and the fix:\n{logs}")
+    assert "READY" not in logs and secret not in logs, f"nothing should start or echo the token:\n{logs}"

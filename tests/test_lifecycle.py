@@ -239,7 +239,8 @@ def test_unwritable_workspace_is_an_error_with_the_fix(run_in_image, tmp_path):
     """Container should log an ERROR with the fix when dev cannot write the mounted /workspace."""
     tmp_path.chmod(0o755)  # root-owned: says nothing about the host user, so no UID change
     _, out = run_in_image(["true"], volumes={str(tmp_path): {"bind": "/workspace", "mode": "rw"}})
-    assert re.search(r"^ERROR .*/workspace .*not writable.*HOST_UID=\$\(id -u\)", out, re.MULTILINE), \
+    # Root-owned is root's own checkout: HOST_UID=$(id -u) would be 0, refused; an ACL is the fix.
+    assert re.search(r"^ERROR .*/workspace .*cannot write.*setfacl -R -m u:1000:rwX", out, re.MULTILINE), \
         f"an ERROR with the fix is expected:\n{out}"
 
 
@@ -583,3 +584,18 @@ def test_user_flag_turns_ssh_off_and_says_so(start_container, public_key):
     code, out = c.exec_run(["pgrep", "-x", "sshd"])
     assert code == 1 and not out.strip(), f"no sshd should run under --user: {out!r}"
     assert "SSH on" not in logs, f"the ready line should not offer SSH:\n{logs}"
+
+
+@pytest.mark.parametrize("status", [0, 5])
+@pytest.mark.parametrize("command", [None, ["echo", "command-ran"]], ids=["services", "command"])
+def test_a_sourced_hook_that_exits_stops_the_container_naming_it(run_in_image, tmp_path, status, command):
+    """Container should treat `exit N` in a sourced *.sh hook (which ends the entrypoint, not just
+    the hook) as a failure, naming the hook and the fix, with a non-zero status: `exit 0` once
+    ended the start quietly with 0, so --restart on-failure did not restart it."""
+    code, out = run_in_image(command, timeout=120,
+                             **hook_mount(tmp_path, f"echo hook-started\nexit {status}\necho after-exit-ran", "20-exits.sh"))
+    assert code == (status or 1), f"the container should exit with {status or 1}, got {code}:\n{out}"
+    assert re.search(rf"^ERROR .*Hook /etc/team/hooks.d/20-exits.sh ran 'exit {status}'.*Fix: use 'return",
+                     out, re.MULTILINE), f"an ERROR should name the hook, its exit and the fix:\n{out}"
+    assert "hook-started" in out and "after-exit-ran" not in out, f"the hook should have run up to its exit:\n{out}"
+    assert "command-ran" not in out and "READY" not in out, f"nothing should start after it:\n{out}"

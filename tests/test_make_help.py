@@ -117,3 +117,14 @@ def test_make_help_lists_every_target_grouped(help_text):
     assert not missing, f"make help does not list: {missing}"
     for t in ("run", "build", "stop", "logs", "ssh", "doctor"):
         assert re.search(rf"^\s+{t}\s", everyday, re.MULTILINE), f"{t} should be an everyday target:\n{everyday}"
+
+
+def test_make_help_shows_each_variables_default(help_text):
+    """Each variable with a default should show it, evaluated (PORT_JUPYTER's 8888, TAG's tag)."""
+    variables = help_text.split("Variables", 1)[-1]
+    for name, default in (("PORT_JUPYTER", "8888"), ("STOP_TIMEOUT", "30"), ("IMAGE", "team-dl"),
+                          ("DOCKER", "/usr/bin/docker")):
+        line = next((ln for ln in variables.splitlines() if ln.split()[:1] == [name]), "")
+        assert line.rstrip().endswith(f"[{default}]"), f"{name}'s default {default} not shown: {line!r}"
+    tag = next(ln for ln in variables.splitlines() if ln.split()[:1] == ["TAG"])
+    assert re.search(r"\[\d+\.\d+\.\d+-cuda", tag), f"TAG's default should be the evaluated tag: {tag!r}"

@@ -159,3 +159,23 @@ def test_make_ssh_logs_in_and_attaches_the_tmux_session(start_container, tmp_pat
 
 def exec_in(container, command):
     return container.exec_run(["bash", "-c", command])[1].decode(errors="replace").strip()
+
+
+def test_make_ssh_when_ssh_is_off_says_so_and_how_to_turn_it_on(tmp_path):
+    """make ssh to a container started without a key should say SSH is off and how to turn it on,
+    not only ssh's "Connection reset by peer"."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n[ \"$1\" = logs ] && echo 'INFO [12:00:00] ==> READY  JupyterLab: http://127.0.0.1:8888/lab?token=x"
+        "  |  SSH off: no public key; add one with -e PUBLIC_KEY=...'\nexit 0\n")
+    (bin_dir / "ssh").write_text(f"#!/bin/sh\necho \"ssh $*\" >> {tmp_path / 'ssh.log'}\n"
+                                 "echo 'kex_exchange_identification: read: Connection reset by peer' >&2\nexit 255\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = env_without_agent(tmp_path, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    r = subprocess.run(["make", "--no-print-directory", "ssh", f"DOCKER={bin_dir / 'docker'}", "CONTAINER=team-dl-x"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "SSH is off in team-dl-x" in out, out
+    assert "ssh-keygen -t ed25519" in out and "make run" in out, out

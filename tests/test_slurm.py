@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 from conftest import ROOT, remove_containers
-from train_amp_helpers import SUMMARY, SYNTH
+from train_amp_helpers import JOB_800, MAKE_FOLDER_800, SUMMARY, SYNTH
 
 import docker
 
@@ -54,7 +54,9 @@ SlurmdParameters=config_overrides
 # A dead node is noticed within ~10 s and comes back by itself when its slurmd registers again.
 SlurmdTimeout=10
 MessageTimeout=5
-KillWait=5
+# Slurm's default: a cancelled or timed-out step gets SIGTERM, then SIGKILL 30 s later; the
+# trainer saves only after the step in flight, which takes seconds on a loaded 2-core host.
+KillWait=30
 ReturnToService=2
 JobRequeue=0
 # Finished jobs stay in `scontrol show job` (no slurmdbd, so no sacct) and in the jobcomp file.
@@ -447,6 +449,38 @@ def test_requeued_job_resumes_and_ends_with_the_weights_of_an_uninterrupted_run(
     # one process a resume is bit-exact, and one that skips a batch moved the weights by 0.15.
     assert diff <= 1e-6, f"the requeued job's final weights differ by {diff:g}:\n{cmp}"
 
+
+
+
+def test_scancel_saves_the_checkpoint_though_the_dataloader_workers_get_sigterm_too(slurm_cluster):
+    """`scancel JOB` signals every process of the job's steps, DataLoader workers included, and
+    SIGKILLs them KillWait (30 s) later: train_amp.py decoding an ImageFolder in 2 workers should
+    still save at the step it reached (a worker's death used to end it without a checkpoint)."""
+    cluster = slurm_cluster
+    code, out = cluster.sh(f"mkdir -p /shared/stopdata && cd /shared/stopdata && {MAKE_FOLDER_800}")
+    assert code == 0, f"the data folder was not made:\n{out}"
+    job_id = cluster.sbatch(
+        "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2", "--gpus-per-node=0",
+        "--time=15", "--chdir=/shared/stopdata", "--output=/shared/out/%x-%j.out",
+        "/shared/slurm/train-srun.sbatch", *shlex.split(JOB_800)[1:], "--device", "cpu")
+    deadline = time.monotonic() + JOB_S
+    while not re.search(r"^epoch 1/3 step ([3-9]|[1-9][0-9])/100 ", cluster.output(job_id),
+                        re.MULTILINE):
+        job = cluster.job(job_id)
+        if job.get("JobState") in TERMINAL or time.monotonic() > deadline:
+            pytest.fail(f"the job did not reach step 3 ({job}):\n{cluster.logs(job_id)}")
+        time.sleep(0.2)
+    code, out = cluster.sh(f"scancel {job_id}")
+    assert code == 0, out
+    job = cluster.wait_job(job_id)
+    out = cluster.output(job_id)
+    stopped = re.search(r"^stopped by SIGTERM at epoch 1 step (\d+)/100 .*checkpoint saved", out,
+                        re.MULTILINE)
+    assert stopped and "killed by signal" not in out, (
+        f"the job should save on scancel ({job.get('JobState')}):\n{cluster.logs(job_id)}")
+    ckpt = checkpoint_of(cluster, "/shared/stopdata/ck/last.pt")
+    assert ckpt and ckpt["global_step"] == int(stopped[1]), (
+        f"last.pt should hold step {stopped[1]}, holds {ckpt}:\n{out}")
 
 
 # GPU binding: each task's launch plan (train_amp.py --print-launch), one line per process.

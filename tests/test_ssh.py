@@ -260,6 +260,20 @@ def test_ssh_malformed_key_fails_loudly(run_in_image, env, named, never_logged):
         assert never_logged not in logs, "the rejected value must not be echoed to the logs"
 
 
+@pytest.mark.parametrize("path", ["/etc", "/home/dev"])
+def test_public_key_file_that_is_a_directory_gets_a_fix_that_mounts_nothing_over_it(run_in_image, path):
+    """Container should refuse a PUBLIC_KEY_FILE that is a directory, saying so, with a fix that
+    mounts the key at a path of its own, never over that directory (once: -v KEY:/etc:ro)."""
+    rc, logs = run_in_image(None, timeout=120, environment={"PUBLIC_KEY_FILE": path})
+    assert rc != 0, f"a directory should stop the container, it exited {rc}:\n{logs}"
+    errors = "\n".join(line for line in logs.splitlines() if line.startswith("ERROR"))
+    assert f"PUBLIC_KEY_FILE={path} is a directory" in errors, f"the error should say it is a directory:\n{logs}"
+    assert f":{path}:" not in errors and f":{path} " not in errors, f"the fix mounts a key over {path}:\n{errors}"
+    fix = re.search(r"-v ~/\.ssh/id_ed25519\.pub:(/\S+):ro -e PUBLIC_KEY_FILE=(\S+)", errors)
+    assert fix and fix.group(1) == fix.group(2) and fix.group(1).startswith("/run/secrets/"), (
+        f"the fix should mount the .pub file at a path of its own and point at it:\n{errors}")
+
+
 def test_ssh_off_without_key_and_jupyter_still_runs(start_container):
     """Container should start no sshd without a key, say how to enable it (also in the ready
     line), and still run Jupyter."""

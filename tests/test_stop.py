@@ -1,15 +1,17 @@
-"""`docker stop` with work running outside the services (issue 33): a train_amp run started in
+"""`docker stop` with work running outside the services: a train_amp run started in
 tmux, as the README advises for long jobs, or in a JupyterLab terminal, gets SIGTERM and time to
 save its checkpoint before the container ends, and the log says what was running and whether it
 ended in time."""
 import json
 import re
+import time
 import uuid
 
 import pytest
 import requests
 import websocket
 from conftest import READY, wait_for_log, wait_until
+from train_amp_helpers import CKPT_STEP, JOB_800, MAKE_FOLDER_800
 
 # Small for 2 CPU cores (tests/train_amp_helpers.py's SYNTH), but 80 steps an epoch and 5 epochs:
 # it is still in its first epoch when the container is stopped.
@@ -91,3 +93,56 @@ def test_docker_stop_names_a_job_that_does_not_end_in_time(start_container):
     assert re.search(r"^WARN .*Jobs still running after 2 s are killed with the container: \d+ sleep 300\."
                      r" Fix: -e STOP_TIMEOUT=", logs, re.MULTILINE), \
         f"a WARN should name the job and the fix:\n{logs[-3000:]}"
+
+
+def test_docker_stop_saves_a_tmux_job_with_dataloader_workers_piped_into_tee(workspace_volume,
+                                                                          start_container,
+                                                                          run_in_image):
+    """The everyday long job: `train_amp.py --data FOLDER ... 2>&1 | tee train.log` in tmux, its
+    JPEGs decoded by DataLoader workers. `docker stop` signals every process, the workers and
+    tee included: the run should still save at the step it reached (its workers ignore the
+    signal, its output survives the dead pipe), and the log should say it ended in time."""
+    c = start_container(volumes=workspace_volume, environment={"STOP_TIMEOUT": "10"})
+    wait_for_log(c, READY, timeout=120)
+    rc, out = c.exec_run(["bash", "-c", MAKE_FOLDER_800], user="dev", workdir="/workspace")
+    assert rc == 0, f"the data folder was not made: {out!r}"
+    _start_in_tmux(c, None, None, f"{JOB_800} 2>&1 | tee train.log")
+
+    def train_log():
+        return c.exec_run(["cat", "/workspace/train.log"]).output.decode(errors="replace")
+    wait_until(lambda: re.search(r"step ([3-9]|[1-9][0-9])/100", train_log()), 240,
+               lambda: f"the job did not reach step 3:\n{train_log()}")
+
+    started = time.monotonic()
+    c.stop(timeout=10)
+    took = time.monotonic() - started
+    c.reload()
+    logs = c.logs().decode(errors="replace")
+    assert c.attrs["State"]["ExitCode"] == 0, f"docker stop should end with 0:\n{logs[-3000:]}"
+    print(f"\ndocker stop took {took:.1f} s")
+    _, out = run_in_image(["bash", "-c", f"cd /workspace && {CKPT_STEP}"],
+                          volumes=workspace_volume)
+    saved = re.search(r"^CKPT (\d+) (\d+)$", out, re.MULTILINE)
+    assert saved and saved[1] == "0" and int(saved[2]) >= 3, (
+        f"the stop should have saved epoch 0 at the step it reached (>= 3), found "
+        f"{saved and saved.groups()}:\n{out[-2000:]}\n{train_log_text(workspace_volume, run_in_image)}")
+    assert re.search(r"^INFO .*The jobs ended in time", logs, re.MULTILINE), \
+        f"the log should say the job ended in time:\n{logs[-3000:]}"
+
+
+def train_log_text(volume, run_in_image):
+    return run_in_image(["cat", "/workspace/train.log"], volumes=volume)[1][-3000:]
+
+
+def test_docker_stop_gives_jobs_stop_timeout_less_the_services_and_logs_how_long(start_container):
+    """STOP_TIMEOUT=9 (make run passes it with --stop-timeout 9): a job that needs 2 s to save
+    should get up to 6 s, and the log should say both numbers."""
+    c = start_container(environment={"STOP_TIMEOUT": "9"})
+    wait_for_log(c, READY, timeout=120)
+    saver = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2), sys.exit(0))); time.sleep(300)"
+    c.exec_run(["python3", "-c", saver], user="dev", detach=True)
+    wait_until(lambda: c.exec_run(["pgrep", "-f", "signal.SIGTERM"]).exit_code == 0, 30, "the job did not start")
+    c.stop(timeout=9)
+    logs = c.logs().decode(errors="replace")
+    assert re.search(r"^INFO .*up to 6 s to end: STOP_TIMEOUT=9 less 3 s for the services", logs, re.MULTILINE), logs[-2000:]
+    assert re.search(r"^INFO .*The jobs ended in time \([23] s of their 6 s\)", logs, re.MULTILINE), logs[-2000:]

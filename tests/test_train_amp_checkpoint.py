@@ -260,3 +260,21 @@ def test_a_stale_temp_file_is_removed_at_start(run_in_image):
     listing = re.findall(r"^LS (.*)$", logs, re.MULTILINE)
     assert listing, f"no listing taken during training:\n{logs}"
     assert not [n for n in listing if n.endswith(".tmp")], f"a temp file still there: {listing}"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--checkpoint-dir", "d"],
+     r"d/last\.pt exists but is not a file \(a directory\), so no checkpoint can be saved"),
+    (["--checkpoint-dir", "d", "--auto-resume"], r"d/last\.pt exists but is not a file"),
+    (["--checkpoint-dir", "ck", "--resume", "d/last.pt"],
+     r"--resume: d/last\.pt is a directory, not a checkpoint file"),
+], ids=["new-run", "auto-resume", "resume"])
+def test_a_last_pt_that_is_a_directory_is_named_before_training(run_in_image, flags, message):
+    """A last.pt that is a directory should stop the run at start (exit 2) saying so: not
+    "no checkpoint" (it exists), and not a failed save after the whole training."""
+    script = (f"mkdir -p d/last.pt && exec train_amp.py {shlex.join(SYNTH)} --epochs 1"
+              f" {shlex.join(flags)}")
+    code, logs = run_in_image(["bash", "-c", script])
+    assert code == 2, f"exited {code}, expected 2:\n{logs}"
+    assert re.search(r"^train_amp\.py: error: " + message, logs, re.MULTILINE), logs
+    assert "no checkpoint at" not in logs and not SUMMARY.search(logs), f"it trained:\n{logs}"

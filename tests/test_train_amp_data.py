@@ -161,3 +161,50 @@ def test_decode_auto_counts_the_cores_the_container_may_use(run_in_image, limit)
     assert code == 0, f"exited {code}:\n{logs}"
     assert "--decode auto: workers (no GPU: the 1 CPU core(s) decode)" in logs, (
         f"auto did not count the container's one core:\n{logs}")
+
+
+# A copy of class0/0.jpg whose header says 20000 x 20000 px (PIL's decompression-bomb guard
+# refuses any image over twice its 89.5 Mpx warning size when it opens it).
+MAKE_HUGE = r"""python3 - <<'EOF'
+data = bytearray(open("imgs/train/class0/0.jpg", "rb").read())
+sof = data.index(b"\xff\xc0")  # baseline frame header: length, precision, height, width
+data[sof + 5:sof + 9] = (20000).to_bytes(2, "big") * 2
+open("imgs/train/class0/huge.jpg", "wb").write(data)
+EOF"""
+
+
+def test_a_jpeg_too_large_to_open_is_named_and_skipped_when_asked(docker_client, image_ref,
+                                                                  module_containers):
+    """A 20000 x 20000 px JPEG (PIL refuses it as a decompression bomb) should stop the run
+    with exit 2 naming the file, and --skip-bad-images should skip it and finish (both used
+    to end in a DecompressionBombError traceback)."""
+    job = ["train_amp.py", "--data", "imgs", "--model", "resnet18", "--image-size", "32",
+           "--batch-size", "16", "--num-workers", "2", "--epochs", "1", "--checkpoint-dir", ""]
+    lines = [STEP_FN, f"python3 - <<'EOF'\n{MAKE_JPEGS}\nEOF", MAKE_HUGE,
+             "step plain " + shlex.join(job), "step skip " + shlex.join(job + ["--skip-bad-images"])]
+    code, logs, c = run_to_end(docker_client, image_ref, ["bash", "-c", "\n".join(lines)])
+    module_containers.append(c)
+    assert code == 0, f"the script failed ({code}):\n{logs}"
+    runs = steps_of(logs)
+    plain, skip = runs["plain"], runs["skip"]
+    assert plain["rc"] == 2, f"exited {plain['rc']}, not 2:\n{show(plain)}"
+    assert any(re.search(r"error: cannot read image imgs/train/class0/huge\.jpg"
+                         r" \(DecompressionBombError: .*pixels.*--skip-bad-images", ln)
+               for ln in plain["err"]), f"the error does not name the file:\n{show(plain)}"
+    assert skip["rc"] == 0, f"--skip-bad-images exited {skip['rc']}:\n{show(skip)}"
+    assert any("warning: skipping unreadable image imgs/train/class0/huge.jpg" in ln
+               for ln in skip["err"]), f"the skipped file is not named:\n{show(skip)}"
+    assert not any("Traceback" in ln for ln in plain["err"] + skip["err"]), show(plain)
+
+
+def test_a_symlink_loop_in_the_data_folder_is_named_and_counted_once(run_in_image):
+    """A link back to a parent folder (`ln -s .. loop`) should be named in a warning and not
+    followed: the 48 training images stay 48 (os.walk followed it until the path was too long)."""
+    script = (f"python3 - <<'EOF'\n{MAKE_JPEGS}\nEOF\nln -s .. imgs/train/class0/loop\n"
+              "exec train_amp.py --data imgs --model resnet18 --image-size 32 --batch-size 16"
+              " --steps 1 --num-workers 1 --checkpoint-dir ''")
+    code, logs = run_in_image(["bash", "-c", script])
+    assert code == 0, f"exited {code}:\n{logs}"
+    assert "(48 train images, 2 classes, 32px)" in logs, f"the loop was followed:\n{logs}"
+    assert re.search(r"warning: --data: imgs/train/class0/loop leads back into a folder that"
+                     r" contains it .*not followed", logs), f"no warning naming the loop:\n{logs}"

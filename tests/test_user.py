@@ -1,11 +1,16 @@
-"""The user `dev` as the entrypoint maps it (bad input, issue 33): UIDs/GIDs compared as numbers,
-never another account's UID or a privileged group, sudo under no-new-privileges, and a
-/workspace dev cannot list. Each test uses fresh containers."""
+"""The user `dev` as the entrypoint maps it, and what it says about bad input: UIDs/GIDs compared
+as numbers, never another account's UID or a privileged group, sudo under no-new-privileges, a
+/workspace dev cannot list, a derived image's NB_UID/NB_GID honoured as the default IDs, and a
+non-root start told apart by its cause (the image's USER line or --user). Each test uses fresh
+containers."""
+import io
 import os
 import re
+import uuid
 
 import pytest
-from conftest import needs_root
+from conftest import needs_root, remove_image, wait_for_log
+from test_ssh import Key
 
 # What the command prints when the container gets that far: the IDs and groups dev runs with.
 SHOW_IDS = ["bash", "-c", "echo ids=$(id -u):$(id -g) groups=$(id -Gn | tr ' ' ,)"]
@@ -107,3 +112,55 @@ def test_a_workspace_its_owner_cannot_list_stops_with_the_chmod_fix(start_contai
                      r"host, .*chmod u\+rwx", out, re.MULTILINE), f"an ERROR with the chmod fix:\n{out[-3000:]}"
     assert "HOST_UID" not in out, f"ownership is not the problem here:\n{out[-3000:]}"
     assert "Traceback" not in out and "READY" not in out, f"the log should end at the error:\n{out[-3000:]}"
+
+
+@pytest.fixture
+def derived(docker_client, image_ref):
+    """Factory: derived(*lines) -> a tag built FROM the image under test plus `lines` (ENV, USER),
+    as a team's own image would; every one is removed after the test."""
+    made = []
+
+    def build(*lines):
+        ref = f"team-dl-user-test:{uuid.uuid4().hex[:8]}"
+        dockerfile = "\n".join((f"FROM {image_ref}", *lines)) + "\n"
+        docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=ref, rm=True)
+        made.append(ref)
+        return ref
+
+    yield build
+    for ref in made:
+        remove_image(ref)
+
+
+def test_nb_uid_and_gid_in_a_derived_image_are_the_users_default_ids(run_in_image, derived):
+    """A derived image's `ENV NB_UID=3000 NB_GID=3000` (docker-stacks' convention) should make dev
+    3000:3000 at start, and say so; HOST_UID/HOST_GID still override it."""
+    ref = derived("ENV NB_UID=3000 NB_GID=3000")
+    code, out = run_in_image(SHOW_IDS, image=ref)
+    assert code == 0 and "ids=3000:3000" in out, f"dev should run as 3000:3000 from ENV NB_UID/NB_GID:\n{out}"
+    assert "User dev is now UID 3000, GID 3000" in out, f"the log should say that dev was remapped:\n{out}"
+    code, out = run_in_image(SHOW_IDS, image=ref, environment={"HOST_UID": "4000", "HOST_GID": "4000"})
+    assert code == 0 and "ids=4000:4000" in out, f"HOST_UID/HOST_GID should override NB_UID/NB_GID:\n{out}"
+
+
+def _ssh_off_warning(start_container, **kwargs):
+    """The WARN line a non-root start with a public key gives (SSH needs a root start)."""
+    c = start_container(environment={"PUBLIC_KEY": Key().public}, **kwargs)
+    logs = wait_for_log(c, r"(?m)^WARN .*SSH is off", 120)
+    return next(line for line in logs.splitlines() if re.match(r"WARN .*SSH is off", line))
+
+
+def test_a_user_line_in_the_image_gets_the_dockerfile_fix_not_remove_user(start_container, derived):
+    """A derived image's `USER dev` (no --user given) should be named as the cause of the non-root
+    start, with the fix in its Dockerfile (USER root), never "Remove --user"."""
+    line = _ssh_off_warning(start_container, image=derived("USER dev"))
+    assert "USER dev" in line and "USER root" in line, f"the image's USER line and its fix should be named:\n{line}"
+    assert not re.search(r"[Rr]emove --user", line), (
+        f"no --user was given, so removing it is no fix:\n{line}")
+
+
+def test_a_user_flag_gets_the_remove_user_fix(start_container):
+    """`docker run --user 1000:1000` should be named as the cause of the non-root start, with
+    removing --user as the fix."""
+    line = _ssh_off_warning(start_container, user="1000:1000")
+    assert "--user 1000:1000" in line and "Remove --user" in line, f"--user and its fix should be named:\n{line}"

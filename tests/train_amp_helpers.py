@@ -98,3 +98,25 @@ for split, n in (("train", 24), ("val", 8)):
             c = tuple(min(255, max(0, v + random.randint(-40, 40))) for v in colour)
             Image.new("RGB", (40, 30), c).save(f"imgs/{split}/class{k}/{i}.jpg", quality=90)
 """
+
+# An ImageFolder of 2 x 400 small JPEGs decoded by 2 DataLoader workers (the default for JPEG
+# folders on the CPU): 100 steps an epoch, so that a stop after step 3 lands mid-epoch and the
+# checkpoint can only be the stop's (an epoch end saves epoch E+1, step 0).
+MAKE_FOLDER_800 = r"""python3 - <<'EOF'
+import os
+from PIL import Image
+for k, colour in enumerate(((200, 30, 30), (30, 30, 200))):
+    os.makedirs(f"imgs/class{k}", exist_ok=True)
+    for i in range(400):
+        Image.new("RGB", (40, 30), tuple((v + 3 * i) % 256 for v in colour)).save(
+            f"imgs/class{k}/{i}.jpg")
+EOF"""
+JOB_800 = ("train_amp.py --data imgs --model resnet18 --image-size 32 --batch-size 8 --epochs 3"
+           " --num-workers 2 --log-every 1 --progress lines --checkpoint-dir ck")
+# "CKPT epoch step_in_epoch" of ck/last.pt, or "CKPT none".
+CKPT_STEP = r"""python3 -c "
+import os, torch
+p = 'ck/last.pt'
+if not os.path.exists(p): raise SystemExit(print('CKPT none'))
+c = torch.load(p, weights_only=True)
+print('CKPT', c['epoch'], c['step_in_epoch'])" """

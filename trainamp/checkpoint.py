@@ -191,6 +191,11 @@ def check_checkpoint_dir(args, ranks):
         raise UsageError(f"--checkpoint-dir {folder} cannot be written ({error_text(e)}): give"
                          " a directory this user can write (e.g. under /workspace), fix its"
                          " permissions, or --checkpoint-dir '' to save nothing") from None
+    if last.exists() and not last.is_file():
+        # Found only at the first save otherwise: a whole run's training lost to one rename.
+        raise UsageError(f"{last} exists but is not a file (a {file_kind(last)}), so no"
+                         " checkpoint can be saved or resumed there: move it away, or give"
+                         " another --checkpoint-dir")
     if last.exists() and not (args.overwrite or args.auto_resume
                               or continues(args.resume, last)):
         held = checkpoint_summary(last) or "unreadable: not a train_amp checkpoint?"
@@ -216,6 +221,14 @@ def check_checkpoint_dir(args, ranks):
                                 " affected")
 
 
+def file_kind(path):
+    """'directory', 'FIFO', ... for what is at path where a checkpoint file was expected."""
+    path = pathlib.Path(path)
+    return ("directory" if path.is_dir() else "FIFO" if path.is_fifo() else
+            "socket" if path.is_socket() else "device" if path.is_block_device()
+            or path.is_char_device() else "special file")
+
+
 def continues(resume, last):
     """Whether --resume continues the run in last (CHECKPOINT_DIR/last.pt): a bare --resume,
     or a path to that same file."""
@@ -229,6 +242,9 @@ def continues(resume, last):
 
 def load_checkpoint(path, config):
     path = pathlib.Path(path)
+    if path.exists() and not path.is_file():
+        raise UsageError(f"--resume: {path} is a {file_kind(path)}, not a checkpoint file: give"
+                         " the path of a last.pt file (or move that one away)")
     if not path.is_file():
         raise UsageError(f"--resume: no checkpoint at {path}: check --checkpoint-dir, or drop"
                          " --resume to start a fresh run")

@@ -38,8 +38,9 @@ folder is refused at start, naming the first one's PID and host.
 The directory is created and write-tested before any training. A checkpoint is never written
 from non-finite weights.
 
-exit status: 0 done (or stopped by SIGTERM/Ctrl-C after saving); 75 stopped by SIGUSR1 after
-saving (a scheduler's warning before its time limit: requeue the job); 2 a problem in the command
+exit status: 0 done (or stopped by SIGTERM/Ctrl-C after saving); 75 stopped after saving, once
+a SIGUSR1 came (a scheduler's warning before its time limit, also when its SIGTERM follows:
+requeue the job); 2 a problem in the command
 line, the data or the checkpoint directory, with a one-line fix (also an unreadable image:
 --skip-bad-images skips those and counts them in each epoch's summary); 3 training diverged
 (the loss stayed NaN/inf; last.pt keeps the last good state); 4 a checkpoint could not be

@@ -428,13 +428,19 @@ def print_launch(args, ranks, env=None):
     return 0
 
 
+# The signals that ask a run to stop. Only the trainer's main process decides what they mean.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
 class StopRequest:
     """Set by SIGTERM/SIGINT (docker stop, a scheduler's preemption, Ctrl-C) and SIGUSR1 (a
     scheduler's warning before its time limit). The handler only sets it: the step in flight
-    finishes, then every rank saves and exits together (0, or EXIT_REQUEUE after SIGUSR1)."""
+    finishes, then every rank saves and exits together (0, or EXIT_REQUEUE once any SIGUSR1
+    came: Slurm sends SIGUSR1 and then, at the limit, SIGTERM, and the requeue request must
+    outlive the second signal)."""
 
     def __init__(self):
-        self.requested, self.signal_name = False, None
+        self.requested, self.signal_name, self.requeue = False, None, False
 
     def install(self, ranks):
         main_pid = os.getpid()
@@ -444,11 +450,23 @@ class StopRequest:
             if not self.requested and ranks.main and os.getpid() == main_pid:  # not workers
                 print(f"\n{name} received: stopping after this step", file=sys.stderr,
                       flush=True)
-            self.requested, self.signal_name = True, name
+            seen = self.signal_name.split(" then ") if self.signal_name else []
+            if name not in seen:  # "SIGUSR1 then SIGTERM": the log says what came, in order
+                self.signal_name = " then ".join([*seen, name])
+            self.requested = True
+            self.requeue = self.requeue or signum == signal.SIGUSR1
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        # Slurm's --signal=USR1@SECONDS (the time limit is near) or a preemption warning: its
-        # default action would end the process without a checkpoint.
-        signal.signal(signal.SIGUSR1, on_signal)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, on_signal)
         return self
+
+
+def ignore_stop_signals(_worker_id=None):
+    """A DataLoader worker's worker_init_fn. `docker stop` (the image's services.sh signals
+    every process), `kill -- -PGID`, `timeout` and scancel reach the workers too; torch's own
+    worker handler then dies on SIGTERM, the main process raises "DataLoader worker ... killed
+    by signal" and no checkpoint is written. Workers ignore the stop signals: the main process
+    saves at the next step boundary and then shuts them down itself (its loader's shutdown
+    does not need a signal; a worker whose main process is gone exits by torch's watchdog)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)

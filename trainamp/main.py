@@ -87,6 +87,6 @@ def main(argv=None):
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_LAUNCH
     except Stopped:
-        return EXIT_REQUEUE if stop.signal_name == "SIGUSR1" else 0
+        return EXIT_REQUEUE if stop.requeue else 0
     finally:
         ranks.close()

@@ -40,6 +40,7 @@ from .data.options import DEFAULT
 from .data.prefetch import DeviceBatches, PlanBatches
 from .data.sources import SampleFormat
 from .errors import EXIT_REQUEUE, Stopped, UsageError
+from .launch import ignore_stop_signals
 from .meter import EpochMeter, Progress, empty_epoch_sums, open_tensorboard
 from .model import (
     build_model,
@@ -152,7 +153,8 @@ class Trainer:
         # RNG, so a resumed run's random stream matches the uninterrupted one.
         self.loader_gen = torch.Generator()
         loader_kw = {"num_workers": workers, "pin_memory": device.type == "cuda",
-                     "persistent_workers": workers > 0, "generator": self.loader_gen}
+                     "persistent_workers": workers > 0, "generator": self.loader_gen,
+                     "worker_init_fn": ignore_stop_signals}
         if workers > 0:
             loader_kw["prefetch_factor"] = 4
         collate = {SampleFormat.JPEG_BYTES: CollateBytes(args.decode_cpu_share),
@@ -167,7 +169,7 @@ class Trainer:
             shard = Subset(self.val_set, range(ranks.rank, len(self.val_set), ranks.world))
             self.val_loader = DataLoader(shard, batch_size=args.batch_size, shuffle=False,
                                          num_workers=workers, pin_memory=device.type == "cuda",
-                                         collate_fn=collate)
+                                         collate_fn=collate, worker_init_fn=ignore_stop_signals)
 
     def _make_optimizer(self):
         args, world = self.args, self.ranks.world
@@ -333,7 +335,7 @@ class Trainer:
                 loader.dataset, batch_sampler=batches, num_workers=loader.num_workers,
                 collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
                 prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
-                generator=self.loader_gen)
+                generator=self.loader_gen, worker_init_fn=ignore_stop_signals)
             self.device_batches = DeviceBatches(
                 job_loader, self.args.image_size, self.device, self.channels_last, True,
                 self.bad_images, [(e, f, n) for (e, f), n in zip(plan, batches.lengths)],
@@ -354,6 +356,8 @@ class Trainer:
         """At a step boundary all ranks agree whether a stop was requested; then save when
         stopping, or every --save-every steps (the epoch's last step is saved by its end)."""
         stop_now = self.ranks.any_true(self.stop.requested)
+        if stop_now:  # one exit status on every rank: requeue if any rank got SIGUSR1
+            self.stop.requeue = self.ranks.any_true(self.stop.requeue)
         every, minutes = self.args.save_every, self.args.save_every_minutes
         due = every and self.global_step % every == 0
         if minutes and not (stop_now or due or last):  # any rank's clock: all save together
@@ -368,10 +372,11 @@ class Trainer:
             where = (f"checkpoint saved to {self.ckpt_path}; continue with --resume (or the"
                      " same command with --auto-resume)" if self.ckpt_path else
                      "no --checkpoint-dir, nothing saved")
-            if self.stop.signal_name == "SIGUSR1":
+            if self.stop.requeue:
                 where += f"; exit status {EXIT_REQUEUE}: requeue the job"
             self.ranks.print_on_main(
-                f"stopped by {self.stop.signal_name} at epoch {epoch + 1} step {step}/{n_steps}"
+                f"stopped by {self.stop.signal_name or 'another rank'} at epoch {epoch + 1}"
+                f" step {step}/{n_steps}"
                 f" (global step {self.global_step}/{self.total}): {where}")
             raise Stopped()
 

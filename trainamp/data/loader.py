@@ -5,12 +5,13 @@ import math
 import os
 import pathlib
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from ..errors import BadImageError, UsageError
+from ..errors import PROG, BadImageError, UsageError
 from .bad import BadImages
 from .device import decode_on_device, normalise
 from .options import CORES_FOR_WORKER_DECODE, DEFAULT
@@ -78,8 +79,8 @@ def large_jpeg_note(paths, image_size, sample=32):
         try:
             with Image.open(path) as img:  # the header only: nothing is decoded
                 sizes.append(img.size)
-        except OSError:
-            continue  # an unreadable file is reported when it is loaded
+        except (OSError, Image.DecompressionBombError):
+            continue  # an unreadable (or too large) file is reported when it is loaded
     if not sizes:
         return None
     short = statistics.median(min(s) for s in sizes)
@@ -131,6 +132,10 @@ def load_data(args, device=None, ranks=None, options=DEFAULT):
     folder = ImageFolderData(args.data, args.image_size, "workers", options)
     decode, why = pick_decode(args, device, folder.paths, ranks.local_world if ranks else 1)
     if ranks is None or ranks.main:
+        for loop in folder.loops[:5]:
+            print(f"{PROG}: warning: --data: {loop} leads back into a folder that contains it"
+                  f" (a symlink loop, to {os.path.realpath(loop)}): not followed; its images"
+                  " are counted once", file=sys.stderr, flush=True)
         if args.decode == "auto":
             print(f"--decode auto: {decode} ({why})", flush=True)
         note = large_jpeg_note(folder.paths, args.image_size)

@@ -65,8 +65,57 @@ def synthetic_split(n_train, num_classes, seed):
     return make(n_train), make(max(256, n_train // 8))
 
 
+def walk_without_loops(top, loops):
+    """os.walk(top, followlinks=True) as [(folder, file names)], sorted as torchvision sorts
+    it, except that a link to a folder that contains where the walk is (`ln -s .. loop`) is
+    not entered but added to `loops`. os.walk follows such a link until the path is too long:
+    nine images then counted as thousands, each a copy of the same files."""
+    found = []
+
+    def visit(path, ancestors):
+        real = os.path.realpath(path)
+        if any(a == real or a.startswith(real.rstrip(os.sep) + os.sep) for a in ancestors):
+            loops.append(path)
+            return
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError:  # os.walk skips an unreadable folder too
+            return
+        found.append((path, [e.name for e in entries if not e.is_dir()]))
+        for entry in entries:
+            if entry.is_dir():  # follows symlinks, as os.walk(followlinks=True)
+                visit(entry.path, ancestors | {real})
+
+    visit(top, frozenset())
+    return sorted(found)
+
+
 class CheckedImageFolder(torchvision.datasets.ImageFolder):
-    """ImageFolder that returns BadSample(path, reason) for a file it cannot load."""
+    """ImageFolder that returns BadSample(path, reason) for a file it cannot load, and does not
+    follow symlink loops (self.loops names them)."""
+
+    def __init__(self, *args, **kwargs):
+        self.loops = []
+        super().__init__(*args, **kwargs)
+
+    def make_dataset(self, directory, class_to_idx, extensions=None, is_valid_file=None,
+                     allow_empty=False):
+        """torchvision's make_dataset (same samples, same order) over walk_without_loops."""
+        if is_valid_file is None:
+            def is_valid_file(path):
+                return torchvision.datasets.folder.has_file_allowed_extension(path, extensions)
+        samples, empty = [], []
+        for name in sorted(class_to_idx):
+            before = len(samples)
+            for folder, files in walk_without_loops(os.path.join(directory, name), self.loops):
+                samples += [(p, class_to_idx[name]) for p in (os.path.join(folder, f)
+                                                               for f in sorted(files))
+                            if is_valid_file(p)]
+            if len(samples) == before:
+                empty.append(name)
+        if empty and not allow_empty:
+            raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}")
+        return samples
 
     def __getitem__(self, i):
         try:
@@ -236,6 +285,7 @@ class ImageFolderData:
             if self.val is not None and self.val.num_classes > len(self.classes):
                 self.classes = self.val.classes
             self.paths = [s[3] for s in self.train.samples]
+            self.loops = []
             return
         train_dir, val_dir = (root / "train", root / "val") if (root / "train").is_dir() else (
             root, None)
@@ -251,6 +301,7 @@ class ImageFolderData:
                              " of .tar shards (KEY.jpg + KEY.cls per sample)") from None
         self.classes = self.train.classes
         self.paths = [s[0] for s in self.train.samples]
+        self.loops = self.train.loops + (self.val.loops if self.val is not None else [])
         if decode == "device":
             self.to_bytes()
 

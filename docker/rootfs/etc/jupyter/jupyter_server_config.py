@@ -10,6 +10,8 @@
 import json
 import os
 import pathlib
+import sys
+import time
 
 from traitlets.config import Config
 
@@ -38,9 +40,19 @@ if secrets:
 
 # Drop-ins, in name order, after the settings above (so a drop-in wins on the same setting).
 # Jupyter itself takes only the extension switches (ServerApp.jpserver_extensions) from the
-# *.json files there; the rest of what they say is loaded here.
+# *.json files there; the rest of what they say is loaded here. A broken one (a syntax error,
+# invalid JSON, an exception) is named and skipped whole: uncaught, its error made Jupyter drop
+# this entire file, and it then listened on 127.0.0.1 only and ignored the token, while the
+# ready line and the healthcheck (which probe from inside) said all was well.
 for dropin in sorted(pathlib.Path("/etc/jupyter/jupyter_server_config.d").glob("*")):
-    if dropin.suffix == ".json":
-        c.merge(Config(json.loads(dropin.read_text())))
-    elif dropin.suffix == ".py":
-        load_subconfig(str(dropin))  # noqa: F821  (Jupyter defines it for config files)
+    try:
+        if dropin.suffix == ".json":
+            c.merge(Config(json.loads(dropin.read_text())))
+        elif dropin.suffix == ".py":
+            load_subconfig(str(dropin))  # noqa: F821  (Jupyter defines it for config files)
+    except Exception as e:  # noqa: BLE001 - any error in a drop-in is the drop-in's, reported
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        sys.stderr.write(
+            f"ERROR [{time.strftime('%H:%M:%S', time.gmtime())}] Jupyter drop-in {dropin} is "
+            f"broken and was skipped: {type(e).__name__}{where}: {e}. The image's settings stand "
+            "(port, 0.0.0.0, token or password). Fix: correct or remove that file\n")

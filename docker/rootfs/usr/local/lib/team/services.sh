@@ -17,8 +17,8 @@ jupyter_pid="" sshd_pid=""
 # JupyterLab terminal or by `docker exec` live in yet other groups, and were killed without a
 # chance to save when we exited. So on a stop they get SIGTERM first and time to end (a
 # checkpoint), inside Docker's grace period: STOP_TIMEOUT seconds (default 10, docker stop's;
-# set it to what you give docker stop -t or compose's stop_grace_period). Jobs get all but the
-# last 3 s; JupyterLab and sshd are stopped after them and get the rest.
+# make run passes it with --stop-timeout, make stop with -t, compose as stop_grace_period). Jobs
+# get all but the last 3 s; JupyterLab and sshd are stopped after them and get the rest.
 stop_timeout=${STOP_TIMEOUT:-10}
 if ! [[ $stop_timeout =~ ^[0-9]{1,5}$ ]] || [ "$stop_timeout" -lt 4 ]; then
   log_warn "STOP_TIMEOUT='$stop_timeout' is not a number of seconds from 4 up: using 10. Fix: -e STOP_TIMEOUT=<the seconds docker stop -t gives, e.g. 60>"
@@ -55,22 +55,22 @@ _jobs() {
 # stop_jobs: SIGTERM each job process, then wait for them until the jobs' deadline.
 # shellcheck disable=SC2329  # called by on_signal (a trap)
 stop_jobs() {
-  local jobs left line deadline=$((SECONDS + stop_timeout - 3))
+  local jobs left line start=$SECONDS deadline=$((SECONDS + stop_timeout - 3))
   jobs=$(_jobs | paste -sd,)
   [ -n "$jobs" ] || return 0
-  log_info "Stopping jobs still running outside the services (SIGTERM, up to $((stop_timeout - 3)) s to end):"
+  log_info "Stopping jobs still running outside the services (SIGTERM, up to $((stop_timeout - 3)) s to end: STOP_TIMEOUT=$stop_timeout less 3 s for the services):"
   while read -r line; do log_info "  ${line:0:160}"; done < <(ps -o pid=,user=,args= -p "$jobs")
   # shellcheck disable=SC2046  # one PID per word
   kill -TERM $(tr , ' ' <<<"$jobs") 2>/dev/null
   # Until each has ended (a zombie waiting for its parent to reap it has ended too).
   while left=$(ps -o pid=,stat= -p "$jobs" | awk '$2 !~ /^Z/ { print $1 }' | paste -sd,) && [ -n "$left" ]; do
     if [ "$SECONDS" -ge "$deadline" ]; then
-      log_warn "Jobs still running after $((stop_timeout - 3)) s are killed with the container: $(ps -o pid=,args= -p "$left" | sed "s/^ *//" | cut -c1-100 | paste -sd';'). Fix: -e STOP_TIMEOUT=<s> with docker stop -t <s> (or compose's stop_grace_period)"
+      log_warn "Jobs still running after $((stop_timeout - 3)) s are killed with the container: $(ps -o pid=,args= -p "$left" | sed "s/^ *//" | cut -c1-100 | paste -sd';'). Fix: -e STOP_TIMEOUT=<s> --stop-timeout <s> (make run and make stop: STOP_TIMEOUT=<s>; compose: STOP_TIMEOUT=<s> in .env)"
       return 0
     fi
     sleep 0.2
   done
-  log_info "The jobs ended in time"
+  log_info "The jobs ended in time ($((SECONDS - start)) s of their $((stop_timeout - 3)) s)"
 }
 
 # stop_all: SIGTERM both, then SIGKILL what is left by the stop's deadline, inside Docker's
@@ -108,6 +108,9 @@ set -m
 # The SSH step (30-ssh.sh) enables sshd only with a key and when we run as root.
 if [ "${SSHD_ENABLED:-0}" = 1 ]; then
   install -d -m 0755 /run/sshd   # privilege separation directory, lost with /run
+  # sshd records each terminal login in utmp; without the file every logout logged
+  # "syslogin_perform_logout: logout() returned an error".
+  [ -e /run/utmp ] || install -m 0664 -g utmp /dev/null /run/utmp 2>/dev/null || true
   /usr/sbin/sshd -D -e &
   sshd_pid=$!
 fi
@@ -119,10 +122,11 @@ cd /workspace || exit 1
 # Jupyter gets neither the root environment's extras nor the ready URL (it holds the token);
 # its settings come from /etc/jupyter/jupyter_server_config.py, which reads TEAM_JUPYTER_DIR.
 # Everything it and its kernels print goes through the redactor (jupyter-log-redact), so no
-# token or password reaches `docker logs`; the redactor ends when Jupyter closes the pipe.
+# token or password reaches `docker logs`; the redactor ends when Jupyter closes the pipe. It
+# runs as the user too: it reads only that user's token files, and root gains nothing.
 as_nb_user --exec env -u TEAM_JUPYTER_URL -u SSHD_ENABLED HOME="$NB_HOME" USER="$run_as" LOGNAME="$run_as" \
   SHELL=/bin/bash jupyter lab \
-  > >(/usr/local/lib/team/jupyter-log-redact "$TEAM_JUPYTER_DIR" >&2) 2>&1 &
+  > >(as_nb_user --exec /usr/local/lib/team/jupyter-log-redact "$TEAM_JUPYTER_DIR" >&2) 2>&1 &
 jupyter_pid=$!
 set +m
 
@@ -135,14 +139,22 @@ fi
 ready_deadline=$((SECONDS + 300))
 while kill -0 "$jupyter_pid" 2>/dev/null && [ "$SECONDS" -lt "$ready_deadline" ]; do
   if curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$JUPYTER_PORT/api" 2>/dev/null; then
-    if [ -n "$sshd_pid" ]; then
+    if [ -n "$sshd_pid" ] && [ -n "${HOST_PORT_SSH:-}" ]; then
+      # make run and compose say which host port they publish 22 on: a line to paste.
+      ssh_note="SSH on: ssh -p $HOST_PORT_SSH -t $NB_USER@localhost tmux new -A -s main"
+    elif [ -n "$sshd_pid" ]; then
       ssh_note="SSH on: ssh -p <host port of 22> -t $NB_USER@<host> tmux new -A -s main"
     elif [ "$(id -u)" = 0 ] && [ ! -s "$(getent passwd "$NB_USER" | cut -d: -f6)/.ssh/authorized_keys" ]; then
       # No key at all (not SSHD_ENABLED=0, not --user): the one case a user can fix by adding one.
       # shellcheck disable=SC2016  # printed for the user to paste, not expanded here
       ssh_note='SSH off: no public key; add one with -e PUBLIC_KEY="$(cat ~/.ssh/id_ed25519.pub)" -p 2222:22 (make run does it when ~/.ssh has one)'
     else ssh_note="SSH off"; fi
-    log_info "==> READY  JupyterLab: $TEAM_JUPYTER_URL  |  $ssh_note"
+    if as_nb_user test -w /workspace; then
+      log_info "==> READY  JupyterLab: $TEAM_JUPYTER_URL  |  $ssh_note"
+    else
+      # Up, but not what READY promises: the ERROR at start-up says why and the fix.
+      log_warn "==> READY  JupyterLab: $TEAM_JUPYTER_URL  |  $ssh_note  |  but /workspace is not writable by $NB_USER: notebooks cannot be saved there (the ERROR above has the fix)"
+    fi
     break
   fi
   sleep 0.2

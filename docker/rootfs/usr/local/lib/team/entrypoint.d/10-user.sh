@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Setup step (sourced, as root): give $NB_USER the UID/GID of the host user who owns a
-# bind-mounted /workspace (or HOST_UID/HOST_GID), so files it writes there belong to that user.
+# bind-mounted /workspace (or HOST_UID/HOST_GID; NB_UID/NB_GID are the defaults), so files it
+# writes there belong to that user. On a non-root start it sets NONROOT_HOW/NONROOT_FIX.
 # Sets WORKSPACE_MOUNTED (1 when /workspace is a mount; read by 15-cache.sh), ROOT_READONLY
 # (1 under docker run --read-only; read by 30-ssh.sh, 35-env.sh, 40-jupyter.sh) and exports
 # NB_UID/NB_GID and NB_HOME (the home Jupyter, SSH sessions and commands get).
@@ -23,6 +24,12 @@ _workspace_unwritable_reason() {
   fi
   if [ "$(id -u)" != 0 ]; then
     echo "/workspace (owner $(stat -c %u:%g /workspace)) is not writable by UID $1 from --user: notebooks and files cannot be saved. Fix: --user \$(stat -c %u:%g <dir>) to match the directory's owner, or drop --user (the entrypoint then maps $NB_USER to the owner of the mounted /workspace)"; return
+  fi
+  if [ "$(stat -c %u /workspace)" = 0 ]; then
+    # A root-owned checkout (root on a cloud VM): HOST_UID=$(id -u) would be 0, which is refused,
+    # and a chown to $1 makes git refuse the checkout to root ("dubious ownership"). An ACL
+    # lets UID $1 write while root stays the owner.
+    echo "/workspace belongs to root (mode $(stat -c %a /workspace)) and $NB_USER (UID $1) cannot write it: notebooks and files cannot be saved. Fix, one step on the host as root (root stays the owner): setfacl -R -m u:$1:rwX -m d:u:$1:rwX <dir> (apt-get install acl), then start the container again"; return
   fi
   echo "/workspace (owner $(stat -c %u:%g /workspace), mode $(stat -c %a /workspace)) is not writable by UID $1: notebooks and files cannot be saved. Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g), or on the host: chown \$(id -u):\$(id -g) <dir>"
 }
@@ -64,14 +71,45 @@ _pick_home() {
   fi
 }
 
-# A start with --user: nothing to remap (no root), but say so now if saving will fail.
+# _nonroot_how: sets NONROOT_HOW and NONROOT_FIX (read by 30-ssh.sh) for a start that is not
+# root: docker run --user, or the image's USER line (a derived image's `USER dev`). No process
+# sees which, but Docker gives a user named without a group (USER dev, USER 1000) the
+# supplementary groups /etc/group lists for it (dev: users), and a UID:GID (--user
+# $(id -u):$(id -g), what the docs show) none: that tells the usual two apart.
+_nonroot_how() {
+  local name listed have
+  name=$(id -un 2>/dev/null) || name=""
+  listed=$( [ -z "$name" ] || id -G "$name" 2>/dev/null | tr ' ' '\n' | sort -n | paste -sd' ')
+  have=$(id -G | tr ' ' '\n' | sort -n | paste -sd' ')
+  local image_fix="end the derived image's Dockerfile with USER root (the entrypoint drops to $NB_USER itself; docs/extending.md)"
+  local run_fix="Remove --user (the entrypoint maps $NB_USER to your IDs itself: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g))"
+  if [ -n "$name" ] && [ "$listed" != "$(id -g)" ] && [ "$have" = "$listed" ]; then
+    NONROOT_HOW="the image's USER line, e.g. a derived image's USER $name, or --user $name"
+    NONROOT_FIX="$image_fix (or, had you passed --user $name, drop it)"
+  elif [ -n "$name" ] && [ "$listed" != "$(id -g)" ]; then
+    NONROOT_HOW="docker run --user $(id -u):$(id -g)"
+    NONROOT_FIX=$run_fix
+  else
+    NONROOT_HOW="docker run --user, or the image's USER line"
+    NONROOT_FIX="$run_fix; if the image sets USER (docker inspect -f '{{.Config.User}}' IMAGE), $image_fix"
+  fi
+}
+
+# A non-root start (--user, or the image's USER): nothing to remap (no root), but say so now
+# if saving will fail, and that NB_UID/NB_GID cannot be applied.
 if [ "$(id -u)" != 0 ]; then
+  _nonroot_how
+  if [ "${NB_UID:-$(id -u)}" != "$(id -u)" ] || [ "${NB_GID:-$(id -g)}" != "$(id -g)" ]; then
+    log_warn "${NB_UID:+NB_UID=$NB_UID }${NB_GID:+NB_GID=$NB_GID }cannot be applied: the container started as UID $(id -u):$(id -g) ($NONROOT_HOW), and only a root start can change $NB_USER's IDs. Fix: $NONROOT_FIX"
+  fi
+  export NB_UID NB_GID
+  NB_UID=$(id -u) NB_GID=$(id -g)
   _pick_home "${HOME:-}" "UID $(id -u)"
   _workspace_check_readable "$(id -u)"
   if [ ! -w /workspace ]; then
     log_error "$(_workspace_unwritable_reason "$(id -u)")"
   fi
-  unset _ws_opts; unset -f _workspace_unwritable_reason _pick_home _workspace_check_readable
+  unset _ws_opts; unset -f _workspace_unwritable_reason _pick_home _workspace_check_readable _nonroot_how
   return 0
 fi
 
@@ -154,6 +192,17 @@ _user_step() {
       log_info "The mounted /workspace belongs to UID $ws_uid, $_TAKEN: $NB_USER keeps UID $old_uid (-e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g) sets it)"
     fi
   fi
+  # NB_UID/NB_GID (docker-stacks' names: a derived image's ENV NB_UID=3000, or -e NB_UID): the
+  # user's default IDs, as a derived image's usermod would set them. HOST_UID/HOST_GID and a
+  # mounted /workspace's owner still win, as over the image's own default.
+  if [ -n "${NB_UID:-}" ]; then
+    if [ -z "$want_uid" ]; then want_uid=$NB_UID uid_from=NB_UID
+    else log_info "NB_UID=$NB_UID is the default; $uid_from ($want_uid) overrides it"; fi
+  fi
+  if [ -n "${NB_GID:-}" ]; then
+    if [ -z "$want_gid" ]; then want_gid=$NB_GID gid_from=NB_GID
+    else log_info "NB_GID=$NB_GID is the default; $gid_from ($want_gid) overrides it"; fi
+  fi
   want_uid=${want_uid:-$old_uid}; want_gid=${want_gid:-$old_gid}
   _id_from "$uid_from" "$want_uid" want_uid
   _id_from "$gid_from" "$want_gid" want_gid
@@ -218,4 +267,4 @@ _user_step() {
 _user_step
 unset _ws_opts _PRIVILEGED_GROUPS _TAKEN
 unset -f _user_step _need_caps _id_from _id_taken _workspace_unwritable_reason _pick_home \
-  _workspace_check_readable
+  _workspace_check_readable _nonroot_how

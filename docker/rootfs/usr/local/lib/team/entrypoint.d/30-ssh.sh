@@ -94,8 +94,13 @@ _ssh_collect_keys() {
     _ssh_add PUBLIC_KEY "$PUBLIC_KEY"
   fi
   if [ -n "${PUBLIC_KEY_FILE:-}" ]; then
+    # The fix names a path of its own: mounting the key on PUBLIC_KEY_FILE itself would put a
+    # file over a directory such as /etc or /home/dev, or over a system file.
+    if [ -d "$PUBLIC_KEY_FILE" ]; then
+      _ssh_die "PUBLIC_KEY_FILE=$PUBLIC_KEY_FILE is a directory, not a key file (docker run -v makes one when the host path does not exist). Mount the .pub file itself and point at it: -v ~/.ssh/id_ed25519.pub:/run/secrets/ssh_public_key:ro -e PUBLIC_KEY_FILE=/run/secrets/ssh_public_key"
+    fi
     [ -f "$PUBLIC_KEY_FILE" ] && [ -r "$PUBLIC_KEY_FILE" ] \
-      || _ssh_die "PUBLIC_KEY_FILE=$PUBLIC_KEY_FILE is not a readable file in the container (mount it with -v ~/.ssh/id_ed25519.pub:$PUBLIC_KEY_FILE:ro)."
+      || _ssh_die "PUBLIC_KEY_FILE=$PUBLIC_KEY_FILE is not a readable file in the container. Mount the .pub file and point at it: -v ~/.ssh/id_ed25519.pub:/run/secrets/ssh_public_key:ro -e PUBLIC_KEY_FILE=/run/secrets/ssh_public_key"
     _ssh_add "PUBLIC_KEY_FILE ($PUBLIC_KEY_FILE)" "$(cat "$PUBLIC_KEY_FILE")"
     grep -qvE '^[[:space:]]*(#|$)' "$PUBLIC_KEY_FILE" \
       || _ssh_die "PUBLIC_KEY_FILE=$PUBLIC_KEY_FILE contains no key."
@@ -147,7 +152,7 @@ _ssh_main() {
   if [ "$(id -u)" != 0 ]; then
     SSHD_ENABLED=0
     if [ -n "${PUBLIC_KEY:-}${PUBLIC_KEY_FILE:-}" ]; then
-      log_warn "SSH is off: sshd needs the container to start as root (the entrypoint drops to the user itself). Remove --user to use PUBLIC_KEY/PUBLIC_KEY_FILE."
+      log_warn "SSH is off: sshd needs the container to start as root (the entrypoint drops to the user itself), and it started as UID $(id -u) ($NONROOT_HOW). To use PUBLIC_KEY/PUBLIC_KEY_FILE: $NONROOT_FIX"
     fi
     return 0
   fi

@@ -38,15 +38,16 @@ _jupyter_check_hash() {
   fi
 }
 
-# _jupyter_check_token_file FILE: a readable file (docker run -v makes a directory when the
-# host path does not exist).
-_jupyter_check_token_file() {
-  if [ -d "$1" ]; then
-    log_error "JUPYTER_TOKEN_FILE=$1 is a directory, not a file (docker run -v makes one when the host path does not exist). Fix: point it at the token file itself, e.g. -v \$PWD/token:/run/secrets/jupyter_token:ro -e JUPYTER_TOKEN_FILE=/run/secrets/jupyter_token"
+# _jupyter_check_secret_file VAR FILE NAME: FILE (from VAR) is a readable file (docker run -v
+# makes a directory when the host path does not exist); NAME is the example's file name.
+_jupyter_check_secret_file() {
+  local var=$1 file=$2 name=$3
+  if [ -d "$file" ]; then
+    log_error "$var=$file is a directory, not a file (docker run -v makes one when the host path does not exist). Fix: point it at the file itself, e.g. -v \$PWD/${name#jupyter_}:/run/secrets/$name:ro -e $var=/run/secrets/$name"
     exit 64
   fi
-  if [ ! -f "$1" ] || [ ! -r "$1" ]; then
-    log_error "JUPYTER_TOKEN_FILE=$1 cannot be read. Fix: mount it, e.g. -v \$PWD/token:/run/secrets/jupyter_token:ro"
+  if [ ! -f "$file" ] || [ ! -r "$file" ]; then
+    log_error "$var=$file cannot be read. Fix: mount it, e.g. -v \$PWD/${name#jupyter_}:/run/secrets/$name:ro"
     exit 64
   fi
 }
@@ -64,16 +65,23 @@ _jupyter_step() {
   [ -z "${JUPYTER_TOKEN+set}" ] || given=$((given + 1))
   [ -z "${JUPYTER_TOKEN_FILE:-}" ] || given=$((given + 1))
   [ -z "${JUPYTER_PASSWORD_HASH:-}" ] || given=$((given + 1))
+  [ -z "${JUPYTER_PASSWORD_HASH_FILE:-}" ] || given=$((given + 1))
   if [ "$given" -gt 1 ]; then
-    log_error "Set only one of JUPYTER_TOKEN, JUPYTER_TOKEN_FILE and JUPYTER_PASSWORD_HASH."
+    log_error "Set only one of JUPYTER_TOKEN, JUPYTER_TOKEN_FILE, JUPYTER_PASSWORD_HASH and JUPYTER_PASSWORD_HASH_FILE."
     exit 64
   fi
 
-  if [ -n "${JUPYTER_PASSWORD_HASH:-}" ]; then
+  # The hash from a file (a mounted secret: in no environment and not in docker inspect).
+  if [ -n "${JUPYTER_PASSWORD_HASH_FILE:-}" ]; then
+    _jupyter_check_secret_file JUPYTER_PASSWORD_HASH_FILE "$JUPYTER_PASSWORD_HASH_FILE" jupyter_password_hash
+    IFS= read -r hash < "$JUPYTER_PASSWORD_HASH_FILE" || true
+    _jupyter_check_hash "${hash%$'\r'}"
+    hash=${hash%$'\r'}; kind=password
+  elif [ -n "${JUPYTER_PASSWORD_HASH:-}" ]; then
     _jupyter_check_hash "$JUPYTER_PASSWORD_HASH"
     hash=$JUPYTER_PASSWORD_HASH; kind=password
   elif [ -n "${JUPYTER_TOKEN_FILE:-}" ]; then
-    _jupyter_check_token_file "$JUPYTER_TOKEN_FILE"
+    _jupyter_check_secret_file JUPYTER_TOKEN_FILE "$JUPYTER_TOKEN_FILE" jupyter_token
     # First line only, without a trailing newline or CR.
     IFS= read -r token < "$JUPYTER_TOKEN_FILE" || true
     token=${token%$'\r'}; kind=token
@@ -90,6 +98,13 @@ _jupyter_step() {
     fi
   fi
 
+  # A line break (or another control character) in the token: Jupyter would take it as part of
+  # the token, which then can be neither typed nor put in a URL; usually a file's or a
+  # compose value's second line pasted in by mistake.
+  if [ "$kind" = token ] && [[ $token == *[[:cntrl:]]* ]]; then
+    log_error "${JUPYTER_TOKEN_FILE:+The first line of }${JUPYTER_TOKEN_FILE:-JUPYTER_TOKEN} holds a line break or another control character, so no browser could send it. Fix: one line of letters and digits, e.g. -e JUPYTER_TOKEN=\$(openssl rand -hex 24), or put it in a file: -v \$PWD/token:/run/secrets/jupyter_token:ro -e JUPYTER_TOKEN_FILE=/run/secrets/jupyter_token"
+    exit 64
+  fi
   if [ "$kind" = token ] && [ -z "$token" ]; then
     if [ "${JUPYTER_ALLOW_INSECURE:-0}" != 1 ]; then
       log_error "The Jupyter token is empty: that would let anyone who reaches port $port run code as $NB_USER. Fix: remove JUPYTER_TOKEN to get a random token, or set one (-e JUPYTER_TOKEN=\$(openssl rand -hex 24)); only on a port nobody else can reach: -e JUPYTER_ALLOW_INSECURE=1"
@@ -109,7 +124,8 @@ _jupyter_step() {
 
   # A token we made is shown once, in the ready line; one you chose is not repeated in the logs
   # (Jupyter masks it too), since logs travel further than the container.
-  local url="http://127.0.0.1:$port/lab"
+  # HOST_PORT_JUPYTER: the host port make run or compose publishes it on (-p HOST:8888).
+  local url="http://127.0.0.1:${HOST_PORT_JUPYTER:-$port}/lab"
   case "$kind" in
     generated) url="$url?token=$token" ;;
     token) url="$url?token=<your token> (from ${JUPYTER_TOKEN_FILE:-JUPYTER_TOKEN})" ;;
@@ -120,4 +136,4 @@ _jupyter_step() {
   unset JUPYTER_TOKEN JUPYTER_PASSWORD_HASH
 }
 _jupyter_step
-unset -f _jupyter_step _jupyter_check_port _jupyter_check_hash _jupyter_check_token_file
+unset -f _jupyter_step _jupyter_check_port _jupyter_check_hash _jupyter_check_secret_file

@@ -3,8 +3,10 @@ import); does something only in `pip install --upgrade` (or -U, also as `python 
 package the image pins. /etc/pip.conf's constraint (/opt/venv/etc/constraints.txt) keeps torch,
 torchvision, torchaudio, triton and nvidia-* at the versions the tag names, and pip then says
 only "Requirement already satisfied" and exits 0, as if no newer version existed. This prints,
-when pip ends, which pinned packages stayed where and why. Never raises: Python must start
-whatever happens here, and in every other process it costs a look at argv (no imports)."""
+when pip ends, which pinned packages stayed where and why, after checking that they did: when
+the pins were bypassed (e.g. PIP_CONSTRAINT= set empty) and pip replaced one, it says that
+instead. Never raises: Python must start whatever happens here, and in every other process it
+costs a look at argv (no imports)."""
 import os
 import sys
 
@@ -47,20 +49,40 @@ def _held_back(args):
     pins = {}
     with open(CONSTRAINTS) as f:
         for line in f:
+            # name===version (no local label) or name==version+label: the exact build.
             name, pinned, version = line.strip().partition("==")
             if pinned and not name.startswith("#"):
-                pins[_norm(name)] = version
+                pins[_norm(name)] = version.lstrip("=")
     named = {_norm(_name(w)) for w in words[1:]}
     return sorted((name, pins[name]) for name in named if name in pins)
 
 
+def _installed(name):
+    """The version of `name` installed now (as pip left it), or None when it is gone."""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _note(held):
-    what = ", ".join(f"{name} {version}" for name, version in held)
-    sys.stderr.write(
-        f"team-dl: {what}: held at the image's pinned version, so --upgrade left it as it was "
-        f"(the pins, {CONSTRAINTS} through /etc/pip.conf, keep torch and its CUDA libraries "
-        "matching the image tag). For newer versions use a newer image; to override for one "
-        "command: PIP_CONFIG_FILE=/dev/null pip install ...\n")
+    kept = [(name, pin) for name, pin in held if _installed(name) == pin]
+    moved = [(name, pin, _installed(name)) for name, pin in held if _installed(name) != pin]
+    if kept:
+        what = ", ".join(f"{name} {version}" for name, version in kept)
+        sys.stderr.write(
+            f"team-dl: {what}: held at the image's pinned version, so --upgrade left it as it was "
+            f"(the pins, {CONSTRAINTS} through /etc/pip.conf, keep torch and its CUDA libraries "
+            "matching the image tag). For newer versions use a newer image; to override for one "
+            "command: PIP_CONFIG_FILE=/dev/null pip install ...\n")
+    if moved:
+        what = ", ".join(f"{name} {pin} -> {now or 'removed'}" for name, pin, now in moved)
+        sys.stderr.write(
+            f"team-dl: WARNING: {what}: the image's pin ({CONSTRAINTS}) was bypassed and the build "
+            "the image tag names is gone; the image's tests and smoke suite no longer describe "
+            "this environment. Fix: start a fresh container (or: pip install -c "
+            f"{CONSTRAINTS} --force-reinstall <package> from the index the image was built from)\n")
 
 
 try:
