@@ -54,7 +54,7 @@ def make_build(tree, image, tag, build_args, target="runtime", no_cache=True):
     cmd = ["make", "-s", "-C", str(tree), "build", f"IMAGE={image}", f"TAG={tag}", "PREFLIGHT=0",
            f"TARGET={target}", f"BUILD_OPTS={opts}"]
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         sys.exit(f"repro_check: `make build` of {image}:{tag} failed (exit {proc.returncode}); its output is above")
@@ -91,7 +91,7 @@ def _listing(fileobj):
                 digest = ""
                 if m.isfile():
                     h, f = hashlib.sha256(), layer.extractfile(m)
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                    while chunk := f.read(1 << 20):
                         h.update(chunk)
                     digest = h.hexdigest()[:12]
                 entries[m.name] = (m.type.decode(), oct(m.mode), m.uid, m.gid, m.mtime, m.size, m.linkname, digest)
@@ -155,7 +155,7 @@ def main():
     finally:
         if not args.keep:
             subprocess.run([DOCKER, "image", "rm", a, b, f"{args.image}:repro-system"],
-                           capture_output=True)
+                           capture_output=True, check=False)
 
 
 def write_report(path, summary, la, lb, below, details):
