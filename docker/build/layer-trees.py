@@ -5,7 +5,7 @@ build of a commit to the next (docs/building.md: Layers and reproducible builds)
 
 Usage: layer-trees.py split-venv VENV OUT
            Move the torch group's files out of VENV's site-packages into OUT/<layer>/VENV/...
-           (layers: nvidia = nvidia-*, torch = torch* and triton), leaving a .pth so that the
+           (layers: nvidia = nvidia-* and cuda-*, torch = torch* and triton), leaving a .pth so that the
            build's next pip step still sees them; everything else stays in VENV.
        layer-trees.py unsplit VENV
            Remove that .pth again (the runtime stage joins the trees at VENV itself).
@@ -34,8 +34,10 @@ import sys
 # of the image never fails on their dates.
 EPOCH = 315532800
 # Layer name -> distribution name patterns, in the order the runtime stage copies them (the one
-# that changes least first). torch's other dependencies (numpy, sympy, ...) are in the rest layer.
-LAYERS = {"nvidia": ["nvidia-*"], "torch": ["torch*", "triton"]}
+# that changes least first). cuda-*: CUDA 13's wheels (cuda-toolkit, cuda-bindings,
+# cuda-pathfinder), tied to the CUDA version like nvidia-*. torch's other dependencies (numpy,
+# sympy, ...) are in the rest layer.
+LAYERS = {"nvidia": ["nvidia-*", "cuda-*"], "torch": ["torch*", "triton"]}
 PTH = "_team_build_layers.pth"
 
 
