@@ -50,6 +50,7 @@ PIP_TRUSTED_HOST ?=## hosts pip may use without valid HTTPS during the build (sp
 APT_MIRROR  ?=## scheme://host[/prefix] that replaces the apt sources' scheme://host for the build
 KEEP_MIRRORS ?=## 1: the image keeps the build's apt/pip mirrors for its users (their URLs are then in a layer)
 BUILD_OPTS  ?=## extra docker build flags, e.g. --network host (a mirror on this host's 127.0.0.1)
+TARGET      ?= runtime## the Dockerfile stage make build builds (the image: runtime)
 PLATFORM    ?=## one platform to build, e.g. linux/arm64 (one the row publishes: versions.json platforms); empty = this host's
 MIRROR_VARS := PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST APT_MIRROR
 # Exported only when set (an empty PIP_INDEX_URL would mean "no index" to pip), so the secrets
@@ -115,7 +116,7 @@ doctor: ## Check this host (Docker, BuildKit, GPU, disk, base, ports): what is f
 build: ## Build the runtime image as REF (IMAGE:TAG, with REGISTRY/ in front when set)
 	@$(call preflight,build)
 	@python3 scripts/build_info.py platforms $(ROW_ARG) --check '$(PLATFORM)'
-	$(DOCKER) build -f docker/Dockerfile --target runtime $(if $(PLATFORM),--platform $(PLATFORM)) \
+	$(DOCKER) build -f docker/Dockerfile --target $(TARGET) $(if $(PLATFORM),--platform $(PLATFORM)) \
 	  $(shell python3 scripts/build_info.py build-args --docker $(ROW_ARG) $(BUILD_INFO_OPTS)) \
 	  $(if $(filter $(V_CUDA) $(V_CUDA).%,$(BASE_CUDA)),,--build-arg BASE_CUDA=$(BASE_CUDA)) \
 	  $(if $(filter 1,$(KEEP_MIRRORS)),--build-arg KEEP_MIRRORS=1:$(MIRRORS_KEY)) \
@@ -256,6 +257,20 @@ PUSH_WORKTREE ?= .## git work tree the image was built from (make push refuses i
 PUBLISH_DIR ?= artifacts/publish## where make push/manifest write the publish record and manifest
 ZSTD        ?=## 1: make push also pushes every tag as <tag>-zstd (zstd layers, through skopeo)
 ZSTD_LEVEL  ?= 7## zstd level for ZSTD=1 (benchmarks/results/pull_2core_2026-12-05.md: 2.69 GB, 3 gives 2.98)
+
+# Reproducible layers (docs/building.md): two builds without cache, the second from a fresh copy of
+# the tree, must give the same layers from the first Python layer up. The reduced build runs the
+# Dockerfile's own steps on small stand-ins for torch, the nvidia-* wheels and the Python stack.
+.PHONY: repro-check repro-check-full
+REPRO_TORCH_PACKAGES ?= torchinfo==1.8.0 nvidia-nvtx-cu12==12.4.127## make repro-check's stand-ins for torch and the nvidia-* wheels
+REPRO_REPORT ?= benchmarks/results/repro_$(shell nproc)core_$(shell date -u +%Y-%m-%d).md## where make repro-check-full writes its result
+repro-check: ## Reduced image built twice without cache: same layers from the Python layers up? (two builds: minutes)
+	DOCKER=$(DOCKER) python3 scripts/repro_check.py --image $(IMAGE)-repro \
+	  --build-arg 'TORCH_PACKAGES=$(REPRO_TORCH_PACKAGES)' --build-arg REQUIREMENTS=requirements-repro.txt \
+	  --build-arg VERIFY=0
+
+repro-check-full: ## The full image built twice without cache, compared likewise; result in REPRO_REPORT (30-50 min)
+	DOCKER=$(DOCKER) python3 scripts/repro_check.py --image $(IMAGE)-repro-full --report $(REPRO_REPORT)
 
 .PHONY: tags push manifest
 tags: ## Print the tags make push publishes: descriptive, sha-<sha>, then the moving ones

@@ -260,6 +260,23 @@ def test_train_amp_package_is_roots_compiled_and_importable_anywhere(run_in_imag
     assert seen.get("HELP") == "ok", f"train_amp.py --help failed:\n{out}"
 
 
+# Python rewrites a .pyc whose recorded source mtime or size differs from the source's: the
+# layers' fixed mtimes (docker/build/layer-trees.py normalize) must keep every shipped one valid.
+PYC_PROBE = """
+touch /tmp/before-imports && sleep 1
+python -c 'import torch, torchvision, jupyterlab, matplotlib.pyplot, sklearn, tqdm, trainamp.main, team_pip_guard' || exit 3
+find /opt/venv /usr/local/lib/team -name '*.pyc' -newer /tmp/before-imports | sed 's/^/REWRITTEN /' | head -20
+"""
+
+
+def test_shipped_pyc_files_are_valid_so_imports_write_none(run_in_image):
+    """Container should import torch, Jupyter and trainamp from their shipped .pyc: none rewritten."""
+    # As root, who may write anywhere in the venv: a stale .pyc would be replaced, and seen.
+    code, out = run_in_image(["bash", "-c", PYC_PROBE], user="root", entrypoint=[], timeout=300)
+    assert code == 0, f"the imports failed:\n{out[-3000:]}"
+    assert "REWRITTEN" not in out, f"imports rewrote these .pyc files (stale in the image):\n{out[-3000:]}"
+
+
 def _cublas_copies(run_in_image, before=""):
     code, out = run_in_image(
         ["bash", "-c", f"{before} find / -xdev \\( -name 'libcublas.so*' -o -name 'libcublasLt.so*' \\) -type f"],

@@ -25,6 +25,7 @@ for pair in index-url:PIP_INDEX_URL extra-index-url:PIP_EXTRA_INDEX_URL trusted-
     kept+=("${pair#*:}")
   fi
 done
-if [ -n "$conf" ]; then printf '[global]\n%s' "$conf" >/opt/venv/pip.conf; fi
+# Written before the venv is copied in (the Dockerfile says why): the copy keeps this file.
+if [ -n "$conf" ]; then mkdir -p /opt/venv && printf '[global]\n%s' "$conf" >/opt/venv/pip.conf; fi
 # Names only: the values may be URLs the build log should not show.
 echo "keep-mirrors.sh: the image keeps ${kept[*]:-no mirror (none was given)}"
