@@ -44,6 +44,15 @@ def pytest_configure(config):
                             "scripts and fakes only): .ci/run runs these beside the container tests")
 
 
+def pytest_collection_modifyitems(items):
+    """A test marked host runs beside the container tests in .ci/run: it must not use Docker."""
+    for item in items:
+        docker = {"docker_client", "image_ref"} & set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("host") and docker:
+            raise pytest.UsageError(f"{item.nodeid} is marked host but uses {sorted(docker)}: "
+                                    "drop the host mark (its file's pytestmark)")
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     client = docker.from_env(timeout=300)
