@@ -539,9 +539,10 @@ def test_nvidia_smi_works_in_ssh_sessions(start_container, key, mode):
 # --- tmux ---------------------------------------------------------------------------------
 
 
-def test_tmux_job_survives_ssh_connection_drop(sshd):
+def test_tmux_job_survives_ssh_connection_drop(start_container, key):
     """Container should keep a job started in tmux running after the SSH connection drops."""
-    c, key = sshd
+    # Its own container: it waits for every SSH session of dev to end after the drop.
+    c = start_with_ssh(start_container, key.public)
     client = ssh_connect(c, key.pkey)
     channel = client.invoke_shell(term="xterm-256color", width=120, height=40)
     # Attached in tmux, as a user would be, then the loop typed into the pane.
