@@ -30,6 +30,7 @@ PREFLIGHT   ?= 1## 0: make run/build skip their host checks (scripts/doctor.py p
 CHECK_WHEELS ?= 1## 0: make lint skips the wheel check (scripts/check_wheels.py asks PyPI) and says so
 LOGS_ARGS   ?=## docker logs flags for make logs, e.g. -f (follow) or --tail 50
 PYTEST_ARGS ?=## extra pytest flags, e.g. -x -k ssh
+PYTEST_MARKS ?= not slow## pytest -m expression for make test (empty: every test; make test-slow: slow)
 TESTS       ?= tests/## test paths for make test
 SMOKE_ARGS  ?=## arguments for make smoke's smoke suite, e.g. --require-gpu or --require-gpus 2
 # Read from the environment by scripts/make-standin-base.sh (a variable given to make reaches it too).
@@ -184,7 +185,25 @@ host-setup: ## Install what make test needs (apt-get as root or via sudo), start
 
 test: $(if $(filter 0,$(HOST_SETUP)),,host-setup) $(if $(filter 0,$(LINT)),,lint) build test-deps ## Set up this host (host-setup), lint, build, then run the host-side test suite (tests/) against REF
 	IMAGE_REF=$(REF) ROW=$(ROW) BASE_IMAGE=$(BASE_IMAGE) PYTHON_VERSION=$(PYTHON_VERSION) CA_BUNDLE=$(CA_BUNDLE) \
-	  $(TEST_VENV)/bin/pytest $(TESTS) $(PYTEST_ARGS)
+	  $(TEST_VENV)/bin/pytest $(if $(PYTEST_MARKS),-m '$(PYTEST_MARKS)') $(TESTS) $(PYTEST_ARGS)
+
+# Slow and rarely broken, so not in .ci/run: the weekly .github/workflows/scheduled.yml runs
+# both (docs/testing.md#slow-tests-outside-ci).
+.PHONY: test-slow
+test-slow: ## The default row's tests marked slow (minutes each, guarding what rarely breaks)
+	$(MAKE) test PYTEST_MARKS=slow
+
+# Each other row builds from the same Dockerfile and rootfs as the default row, which make test
+# covers in full: here only what a row changes (versions, wheels, CUDA libraries, the smoke
+# suite). The contents-differ test builds the default row.
+OTHER_ROWS  := $(filter-out $(shell python3 scripts/versions.py get name),$(shell python3 scripts/versions.py rows))
+ROWS_TESTS  ?= tests/test_image.py tests/test_smoke.py## what make test-rows runs on each row but the default
+.PHONY: test-rows
+test-rows: ## Every versions.json row but the default: build it and run its reduced suite (ROWS_TESTS)
+	set -e; for row in $(OTHER_ROWS); do \
+	  $(MAKE) test ROW=$$row LINT=0 TESTS="$(ROWS_TESTS)" \
+	    PYTEST_ARGS="-k 'not contents_differ_from_the_tag' $(PYTEST_ARGS)"; \
+	done
 
 smoke: ## Run smoke_tests/ inside a container (GPU if present; SMOKE_ARGS=--require-gpu)
 	@$(ensure_image)

@@ -35,6 +35,24 @@ def require_tool(command, package):
     return path
 
 
+def pytest_configure(config):
+    # make test runs `-m 'not slow'` (PYTEST_MARKS); make test-slow runs the slow ones, and
+    # .ci/run runs the host ones in a second pytest beside the rest (docs/testing.md).
+    config.addinivalue_line("markers", "slow: takes minutes and guards what rarely breaks: left "
+                            "out of make test and .ci/run; make test-slow (weekly in CI) runs it")
+    config.addinivalue_line("markers", "host: starts no container and builds no image (files, "
+                            "scripts and fakes only): .ci/run runs these beside the container tests")
+
+
+def pytest_collection_modifyitems(items):
+    """A test marked host runs beside the container tests in .ci/run: it must not use Docker."""
+    for item in items:
+        docker = {"docker_client", "image_ref"} & set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("host") and docker:
+            raise pytest.UsageError(f"{item.nodeid} is marked host but uses {sorted(docker)}: "
+                                    "drop the host mark (its file's pytestmark)")
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     client = docker.from_env(timeout=300)
@@ -278,11 +296,16 @@ def start_jupyter(start_container):
 
     def start(env=None, port=8888, timeout=120, **kwargs):
         c = start_container(environment=env or {}, ports={f"{port}/tcp": ("127.0.0.1", None)}, **kwargs)
-        logs = wait_for_log(c, READY, timeout)
-        m = re.search(r"/lab\?token=([0-9a-f]+)", logs)
-        return c, f"http://127.0.0.1:{host_port(c, f'{port}/tcp')}", m.group(1) if m else None
+        return jupyter_ready(c, port, timeout)
 
     return start
+
+
+def jupyter_ready(container, port=8888, timeout=120):
+    """Wait for a started container's ready line: (container, base_url, generated token or None)."""
+    logs = wait_for_log(container, READY, timeout)
+    m = re.search(r"/lab\?token=([0-9a-f]+)", logs)
+    return container, f"http://127.0.0.1:{host_port(container, f'{port}/tcp')}", m.group(1) if m else None
 
 
 VERSIONS = json.loads((ROOT / "versions.json").read_text())

@@ -8,6 +8,9 @@ import sys
 import pytest
 from test_publish import load_workflow
 
+# Files, scripts and fakes only: .ci/run runs this file beside the container tests.
+pytestmark = pytest.mark.host
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "changelog.py"
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"

@@ -224,16 +224,22 @@ BARE_EXEC = {**BARE, "tmpfs": {"/tmp": "exec"}}
 @pytest.mark.parametrize("command, world, bare", [
     (TRAIN, 1, BARE),
     (["torchrun", "--nproc-per-node", "2", *TRAIN[1:]], 2, BARE),
-    # Inductor names its cache after getpass.getuser(), which has no user name here.
+    # Inductor names its cache after getpass.getuser(), which has no user name here. The suite's
+    # one plain --compile run (a compile takes minutes on 2 cores): it also proves that --compile
+    # trains with the image's own g++.
     ([*TRAIN, "--steps", "2", "--compile", "--amp", "off"], 1, BARE_EXEC),
 ], ids=["one-process", "torchrun-2-processes", "one-process-compiled"])
 def test_train_amp_runs_without_entrypoint_as_a_nameless_uid_on_a_read_only_root(
         run_in_image, command, world, bare):
-    """train_amp.py (and torchrun) should train as UID 12345 with no passwd entry, read-only /."""
+    """train_amp.py (and torchrun) should train as UID 12345 with no passwd entry, read-only /;
+    with --compile, compiled (and plain --compile turns no kernel tuning on)."""
     code, out = run_in_image(command, timeout=540, **bare)
     assert code == 0, f"{command[0]} exited {code}:\n{out[-6000:]}"
     assert f"world size {world}," in out and f"world_size={world} " in out, out[-6000:]
     assert SUMMARY.search(out) and "nan" not in out, f"no finite epoch summary:\n{out[-6000:]}"
+    if "--compile" in command:
+        assert "compile=True" in out, f"--compile did not compile:\n{out[-6000:]}"
+        assert "(tuned)" not in out, f"plain --compile turned kernel tuning on:\n{out[-6000:]}"
 
 
 def test_smoke_suite_passes_without_entrypoint_as_a_nameless_uid_on_a_read_only_root(run_in_image):

@@ -9,6 +9,9 @@ import generate  # the list of generated files and blocks (scripts/generate.py)
 import pytest
 from conftest import ROOT
 
+# Files, scripts and fakes only: .ci/run runs this file beside the container tests.
+pytestmark = pytest.mark.host
+
 OUTPUTS = sorted(set(generate.FILES) | {path for path, _ in [*generate.BLOCKS, *generate.CALL_BLOCKS]})
 
 

@@ -15,6 +15,9 @@ import time
 import host_setup  # scripts/ (conftest.py puts it on sys.path)
 import pytest
 
+# Files, scripts and fakes only: .ci/run runs this file beside the container tests.
+pytestmark = pytest.mark.host
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 EVERY_COMMAND = sorted({c for t in host_setup.TOOLS + host_setup.STANDIN_TOOLS + host_setup.ARM64_TOOLS

@@ -8,6 +8,9 @@ import sys
 import pytest
 from conftest import ROOT
 
+# Files, scripts and fakes only: .ci/run runs this file beside the container tests.
+pytestmark = pytest.mark.host
+
 REPO = "ghcr.io/acme/team-dl"
 ROW = "2.15.0-cuda13.2"  # versions.json: linux/amd64 and linux/arm64
 AMD, ARM = "sha256:" + "a" * 64, "sha256:" + "b" * 64              # what each build pushed (an index)

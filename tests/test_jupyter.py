@@ -10,7 +10,7 @@ import uuid
 import pytest
 import requests
 import websocket
-from conftest import needs_root, version_row, wait_for_log
+from conftest import jupyter_ready, needs_root, version_row, wait_for_log
 
 TIMEOUT = 30
 
@@ -62,9 +62,21 @@ def run_in_kernel(base, token, code, timeout=180):
         ws.close()
 
 
-def test_api_answers_200_with_the_token(start_jupyter):
+@pytest.fixture(scope="module")
+def lab(docker_client, image_ref, module_containers):
+    """One container as `docker run IMAGE` starts it (generated token, nothing mounted), shared
+    by the tests that only talk to it: each starts its own kernels and terminals, and none
+    changes its settings. -> (container, base_url, token). Tests that need their own settings,
+    mounts or a restart use start_jupyter."""
+    c = docker_client.containers.run(image_ref, detach=True, shm_size="1g",
+                                     ports={"8888/tcp": ("127.0.0.1", None)})
+    module_containers.append(c)
+    return jupyter_ready(c)
+
+
+def test_api_answers_200_with_the_token(lab):
     """Container should serve the Jupyter API to a client that sends the generated token."""
-    _, base, token = start_jupyter()
+    _, base, token = lab
     assert token, "the ready line should carry a generated token"
     r = api(base, "/api/contents", token)
     assert r.status_code == 200, f"GET /api/contents with the token should be 200, got {r.status_code}"
@@ -90,9 +102,9 @@ def test_config_drop_ins_load_beside_the_image_settings(start_jupyter, tmp_path)
     assert api(base, "/api/contents").status_code == 403, "a drop-in should not have turned auth off"
 
 
-def test_refuses_clients_without_a_valid_token(start_jupyter):
+def test_refuses_clients_without_a_valid_token(lab):
     """Container should refuse the API without a token or with a wrong one, and send /lab to login."""
-    _, base, _ = start_jupyter()
+    _, base, _ = lab
     assert api(base, "/api/contents").status_code == 403, "the API without a token should be 403"
     assert api(base, "/api/contents", "wrong").status_code == 403, "a wrong token should be 403"
     r = api(base, "/lab")
@@ -100,16 +112,16 @@ def test_refuses_clients_without_a_valid_token(start_jupyter):
         f"/lab without a token should redirect to /login, got {r.status_code} {r.headers.get('Location')}"
 
 
-def test_logs_have_no_auth_disabled_warning(start_jupyter):
+def test_logs_have_no_auth_disabled_warning(lab):
     """Container should start Jupyter with auth on: no 'authentication is disabled' warning."""
-    c, _, _ = start_jupyter()
+    c, _, _ = lab
     logs = c.logs().decode(errors="replace")
     assert "authentication is disabled" not in logs.lower(), f"auth must be on:\n{logs}"
 
 
-def test_jupyter_and_its_kernels_do_not_run_as_root(start_jupyter):
+def test_jupyter_and_its_kernels_do_not_run_as_root(lab):
     """Container should run JupyterLab and the kernels it starts as the non-root user."""
-    c, base, token = start_jupyter()
+    c, base, token = lab
     code, out = c.exec_run(["ps", "-o", "uid=,args=", "-C", "jupyter-lab"])
     assert code == 0 and out.strip(), f"jupyter-lab should be running: {out!r}"
     uid = int(out.split()[0])
@@ -221,24 +233,26 @@ def test_insecure_flag_allows_empty_token_and_says_so_loudly(start_jupyter):
     assert api(base, "/api/contents").status_code == 200, "with the insecure flag no token is needed"
 
 
-def test_kernel_runs_code_and_sees_torch(start_jupyter):
+def test_kernel_runs_code_and_sees_torch(lab):
     """Container should run code in a kernel over the REST + websocket API, with torch importable,
     and Jupyter should log no warning or error doing so."""
-    c, base, token = start_jupyter()
+    c, base, token = lab
+    # Only what Jupyter logs from here on: the other tests' refused requests are warnings too.
+    before = len(c.logs())
     out = run_in_kernel(base, token, "import torch; print('torch', torch.__version__, 2 + 2)")
     torch_version = version_row()["torch"]  # versions.json
     assert re.search(rf"torch {re.escape(torch_version)}(\+\S+)? 4", out), (
         f"the kernel should import torch {torch_version}, got {out!r}")
     # Jupyter's own lines ([W 2026-...]) and the kernel's ([IPKernelApp] WARNING | ...).
     issues = re.findall(r"^\[[WEC] .*|^\[\w+\] (?:WARNING|ERROR|CRITICAL) .*",
-                        c.logs().decode(errors="replace"), re.MULTILINE)
+                        c.logs()[before:].decode(errors="replace"), re.MULTILINE)
     assert not issues, f"Jupyter should not warn while serving a kernel: {issues}"
 
 
-def test_kernels_talk_over_unix_sockets_not_tcp(start_jupyter):
+def test_kernels_talk_over_unix_sockets_not_tcp(lab):
     """Container should start kernels on IPC: their five channels are unix sockets in the
     user's private runtime dir, not localhost TCP ports that any process could connect to."""
-    _c, base, token = start_jupyter()
+    _c, base, token = lab
     out = run_in_kernel(base, token, "import json, ipykernel.connect as k;"
                         " print('transport', json.load(open(k.get_connection_file()))['transport'])")
     assert "transport ipc" in out, f"the kernel should use the ipc transport, got {out!r}"
@@ -263,9 +277,9 @@ def test_files_made_via_jupyter_on_a_bind_mount_belong_to_the_host_user(start_ju
         assert (st.st_uid, st.st_gid) == (4321, 4322), f"{name} should belong to 4321:4322, got {st.st_uid}:{st.st_gid}"
 
 
-def test_terminals_run_bash(start_jupyter):
+def test_terminals_run_bash(lab):
     """Container should open Jupyter terminals with bash."""
-    _, base, token = start_jupyter()
+    _, base, token = lab
     r = requests.post(f"{base}/api/terminals", headers={"Authorization": f"token {token}"}, timeout=TIMEOUT)
     assert r.status_code == 200, f"creating a terminal should give 200, got {r.status_code}"
     ws = websocket.create_connection(ws_url(base, f"/terminals/websocket/{r.json()['name']}", token), timeout=TIMEOUT)
@@ -288,11 +302,11 @@ def test_custom_port(start_jupyter):
     assert api(base, "/api/contents", token).status_code == 200, "Jupyter should answer on 9999"
 
 
-def test_cross_origin_requests_are_not_allowed(start_jupyter):
+def test_cross_origin_requests_are_not_allowed(lab):
     """Container should not allow other origins (no allow_origin=*): no CORS grant for a browser
     session, no foreign-origin websocket. (Jupyter does answer cross-origin calls that carry the
     token itself in an Authorization header: whoever holds the token is trusted anyway.)"""
-    _, base, token = start_jupyter()
+    _, base, token = lab
     browser = requests.Session()
     browser.get(f"{base}/lab?token={token}", timeout=TIMEOUT)  # logs in: sets the session cookie
     r = browser.get(f"{base}/api/contents", timeout=TIMEOUT)
@@ -310,9 +324,9 @@ def test_cross_origin_requests_are_not_allowed(start_jupyter):
     websocket.create_connection(url, cookie=cookie, timeout=TIMEOUT).close()  # same origin: fine
 
 
-def test_generated_token_is_printed_once_in_the_ready_line(start_jupyter):
+def test_generated_token_is_printed_once_in_the_ready_line(lab):
     """Container should print one ready line with a clickable URL holding the generated token."""
-    c, _, token = start_jupyter()
+    c, _, token = lab
     logs = wait_for_log(c, r"==> READY", 5)
     lines = [ln for ln in logs.splitlines() if "READY" in ln]
     assert len(lines) == 1, f"exactly one ready line expected: {lines}"
@@ -321,9 +335,9 @@ def test_generated_token_is_printed_once_in_the_ready_line(start_jupyter):
     assert len(token) >= 32, "the generated token should be long enough to not be guessed"
 
 
-def test_lab_does_not_phone_home_for_news(start_jupyter):
+def test_lab_does_not_phone_home_for_news(lab):
     """Container should default JupyterLab's news feed and update check to off (no outside calls)."""
-    _, base, token = start_jupyter()
+    _, base, token = lab
     r = api(base, "/lab/api/settings/@jupyterlab/apputils-extension:notification", token)
     assert r.status_code == 200, f"the settings API should answer: {r.status_code}"
     # Overrides become the schema's defaults; the user can still opt in from Settings.
@@ -358,10 +372,12 @@ def failing_requests(base, token):
 
 
 @pytest.mark.parametrize("chosen", [True, False], ids=["JUPYTER_TOKEN", "generated"])
-def test_token_never_reaches_the_logs_from_failing_requests(start_jupyter, chosen):
+def test_token_never_reaches_the_logs_from_failing_requests(request, chosen):
     """Container should redact the token from every log line Jupyter writes for failing requests."""
     env = {"JUPYTER_TOKEN": "chosen-" + uuid.uuid4().hex} if chosen else {}
-    c, base, generated = start_jupyter(env)
+    # A generated token: the shared container, whose logs also hold the other tests' requests.
+    c, base, generated = (request.getfixturevalue("start_jupyter")(env) if chosen
+                          else request.getfixturevalue("lab"))
     token = env.get("JUPYTER_TOKEN") or generated
     failing_requests(base, token)
     # The lines are there (so the test sees what Jupyter logged), with the token redacted.

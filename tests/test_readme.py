@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+# Files, scripts and fakes only: .ci/run runs this file beside the container tests.
+pytestmark = pytest.mark.host
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EN = ROOT / "README.md"
 ZH = ROOT / "README.zh-CN.md"

@@ -194,10 +194,22 @@ class Cluster:
         return "\n".join(parts)
 
 
-@pytest.fixture
-def slurm_cluster(docker_client, slurm_node_image, docker_network):
+@pytest.fixture(scope="module")
+def cluster_network(docker_client):
+    """The cluster's own bridge network (its DNS resolves the node names), for the module."""
+    net = docker_client.networks.create(f"slurm-{uuid.uuid4().hex[:10]}", driver="bridge")
+    yield net
+    net.reload()
+    remove_containers(net.containers)
+    net.remove()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(docker_client, slurm_node_image, cluster_network):
     """slurmctld and two slurmd nodes on one network, a fresh munge key and a shared volume at
-    /shared holding slurm/ (the scripts users copy). Everything is removed afterwards."""
+    /shared holding slurm/ (the scripts users copy). One cluster serves the module, as a real
+    one serves many jobs: each test writes under its own /shared paths, and a test that kills
+    a node brings it back before it ends. Everything is removed afterwards."""
     prefix = f"slurm{uuid.uuid4().hex[:6]}"
     ctl_name, node_names = f"{prefix}-ctl", [f"{prefix}-node{i}" for i in range(2)]
     conf = SLURM_CONF.format(ctl=ctl_name, nodes=f"{prefix}-node[0-1]", cpus=NODE_CPUS,
@@ -217,7 +229,7 @@ def slurm_cluster(docker_client, slurm_node_image, docker_network):
             c = docker_client.containers.create(
                 slurm_node_image,
                 ["bash", "-c", START.format(extra=extra, daemon="slurmctld" if is_ctl else "slurmd")],
-                name=name, hostname=name, network=docker_network.name, entrypoint="",
+                name=name, hostname=name, network=cluster_network.name, entrypoint="",
                 user="root", shm_size="1g", volumes={volume.name: {"bind": "/shared", "mode": "rw"}})
             started.append(c)
             c.put_archive("/etc", tar_of(files))
@@ -226,12 +238,17 @@ def slurm_cluster(docker_client, slurm_node_image, docker_network):
                            for p in sorted((ROOT / "slurm").glob("*.sbatch"))}
                 c.put_archive("/shared", tar_of(scripts))
             c.start()
-        cluster = Cluster(started[0], started[1:])
-        cluster.wait_idle()
-        yield cluster
+        yield Cluster(started[0], started[1:])
     finally:
         remove_containers(started)
         volume.remove(force=True)
+
+
+@pytest.fixture
+def slurm_cluster(shared_cluster):
+    """The module's cluster with both nodes idle: registered, and no job of an earlier test left."""
+    shared_cluster.wait_idle()
+    return shared_cluster
 
 
 def checkpoint_of(cluster, path):
@@ -379,14 +396,15 @@ def test_torchrun_script_forms_one_job_across_nodes_over_c10d(slurm_cluster):
     """slurm/train-apptainer.sbatch (apptainer exec stood in for) should start one torchrun per
     node that meet at the c10d rendezvous on the first node: one 4-process job, not two."""
     cluster = slurm_cluster
-    cluster.ctl.put_archive("/shared", tar_of({"bin/apptainer": (APPTAINER_SHIM.encode(), 0o755)}))
+    # A folder of its own: the cluster is shared, and the pyxis test puts an srun shim in another.
+    cluster.ctl.put_archive("/shared", tar_of({"bin-apptainer/apptainer": (APPTAINER_SHIM.encode(), 0o755)}))
     ck = "/shared/ck-torchrun"
     _, path = cluster.sh("echo $PATH")
     job_id = cluster.sbatch(
         *SBATCH, "--ntasks-per-node=1", f"--cpus-per-task={NODE_CPUS}",
         "/shared/slurm/train-apptainer.sbatch", *TRAIN, "--epochs", 1, "--checkpoint-dir", ck,
         env={"SIF": "/shared/team-dl.sif", "GPUS_PER_NODE": "2",
-             "PATH": f"/shared/bin:{path.strip()}"})
+             "PATH": f"/shared/bin-apptainer:{path.strip()}"})
     job = cluster.wait_job(job_id)
     out = cluster.output(job_id)
     # No BINDS: nothing is bound (a default /data would end the job where there is none).
@@ -410,10 +428,9 @@ def test_requeued_job_resumes_and_ends_with_the_weights_of_an_uninterrupted_run(
     script = "/shared/slurm/train-srun.sbatch"
     # 1024 images / 4 ranks / 32 = 8 steps per epoch, 2 epochs; the same seed in both jobs.
     args = [*TRAIN, "--synthetic-size", "1024", "--epochs", "2", "--seed", "3"]
+    # Both jobs at once: each takes 2 of a node's 4 CPUs, so the cluster runs them side by side
+    # (each at its own rendezvous port), as it would two users' jobs.
     whole = cluster.sbatch(*SBATCH, script, *args, "--checkpoint-dir", "/shared/ck-whole")
-    job = cluster.wait_job(whole)
-    assert job["JobState"] == "COMPLETED", f"the uninterrupted job failed: {job}\n{cluster.logs(whole)}"
-
     job_id = cluster.sbatch(*SBATCH, script, *args, "--checkpoint-dir", "/shared/ck-requeued")
     deadline = time.monotonic() + JOB_S
     while not re.search(r"^epoch 1/2 step [3-6]/8 ", cluster.output(job_id), re.MULTILINE):
@@ -423,6 +440,8 @@ def test_requeued_job_resumes_and_ends_with_the_weights_of_an_uninterrupted_run(
         time.sleep(0.2)
     code, out = cluster.sh(f"scancel --batch --signal=USR1 {job_id}")  # what Slurm sends
     assert code == 0, out
+    job = cluster.wait_job(whole)
+    assert job["JobState"] == "COMPLETED", f"the uninterrupted job failed: {job}\n{cluster.logs(whole)}"
     job = cluster.wait_job(job_id)
     out = cluster.output(job_id)
     assert job["JobState"] == "COMPLETED" and job.get("Restarts") == "1", (
@@ -559,12 +578,12 @@ def test_pyxis_script_starts_one_process_per_allocated_gpu_at_a_port_of_its_own(
     processes per node, each on its GPU, meeting at a port derived from the job id, with no
     data mount unless asked for."""
     cluster = slurm_cluster
-    cluster.ctl.put_archive("/shared", tar_of({"bin/srun": (PYXIS_SHIM.encode(), 0o755)}))
+    cluster.ctl.put_archive("/shared", tar_of({"bin-pyxis/srun": (PYXIS_SHIM.encode(), 0o755)}))
     _, path = cluster.sh("echo $PATH")
     job_id = cluster.sbatch(
         "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2", "--gpus-per-node=2", "--time=5",
         "--chdir=/shared", "--output=/shared/out/%x-%j.out", "/shared/slurm/train-pyxis.sbatch",
-        "--print-launch", env={"IMAGE": "team-dl.sqsh", "PATH": f"/shared/bin:{path.strip()}"})
+        "--print-launch", env={"IMAGE": "team-dl.sqsh", "PATH": f"/shared/bin-pyxis:{path.strip()}"})
     job = cluster.wait_job(job_id)
     out = cluster.output(job_id)
     assert job["JobState"] == "COMPLETED", f"job {job_id} should complete: {job}\n{cluster.logs(job_id)}"

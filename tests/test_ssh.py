@@ -112,6 +112,19 @@ def start_with_ssh(start_container, public_key, **kwargs):
     return c
 
 
+@pytest.fixture(scope="module")
+def sshd(docker_client, image_ref, module_containers):
+    """One container as start_with_ssh starts it, with its key: (container, key). Shared by the
+    tests that log in and look without changing what the others see (each its own files,
+    sessions and processes); tests that change accounts, settings or mounts start their own."""
+    key = Key()
+    c = docker_client.containers.run(image_ref, detach=True, shm_size="1g",
+                                     environment={"PUBLIC_KEY": key.public}, ports={SSH_PORT: None})
+    module_containers.append(c)
+    wait_for_log(c, SSHD_UP, timeout=120)
+    return c, key
+
+
 def exec_in(container, command, user="root"):
     """docker exec as `user`: (rc, output)."""
     rc, out = container.exec_run(["bash", "-c", command], user=user)
@@ -129,9 +142,9 @@ def ssh_lines(logs):
 # --- logging in ---------------------------------------------------------------------------
 
 
-def test_ssh_key_login_with_public_key_env(start_container, key):
+def test_ssh_key_login_with_public_key_env(sshd):
     """Container should let the user log in with the key given in PUBLIC_KEY, as dev, quietly."""
-    c = start_with_ssh(start_container, key.public)
+    c, key = sshd
     client = ssh_connect(c, key.pkey)
     rc, out, err = ssh_run(client, "id -un; pwd")
     client.close()
@@ -197,9 +210,9 @@ def test_ssh_two_keys_both_work_and_restart_adds_no_duplicates(start_container):
 # --- refusing ------------------------------------------------------------------------------
 
 
-def test_ssh_offers_only_publickey_authentication(start_container, key):
+def test_ssh_offers_only_publickey_authentication(sshd):
     """Container should offer publickey as the only SSH authentication method."""
-    c = start_with_ssh(start_container, key.public)
+    c, _ = sshd
     sock = socket.create_connection(("127.0.0.1", host_port(c, SSH_PORT)), timeout=10)
     transport = paramiko.Transport(sock)
     try:
@@ -310,9 +323,9 @@ def test_ssh_not_started_with_a_command_and_public_key_not_passed_on(run_in_imag
         f"a command runs instead of the services, and the log should say so: {logs}")
 
 
-def test_ssh_sftp_transfers_files(start_container, key):
+def test_ssh_sftp_transfers_files(sshd):
     """Container should serve SFTP (scp, VS Code, editors) to the key's owner, unbroken by shell init."""
-    c = start_with_ssh(start_container, key.public)
+    c, key = sshd
     client = ssh_connect(c, key.pkey)
     sftp = client.open_sftp()
     payload = secrets.token_bytes(4096)
@@ -386,9 +399,9 @@ def test_ssh_persisted_host_keys_are_reused(start_container, docker_client, key)
 # --- sshd configuration -------------------------------------------------------------------
 
 
-def test_sshd_config_test_passes_and_is_hardened(start_container, key):
+def test_sshd_config_test_passes_and_is_hardened(sshd):
     """Container should pass `sshd -t` and run with key-only, no-root, no-X11 settings."""
-    c = start_with_ssh(start_container, key.public)
+    c, _ = sshd
     rc, out = exec_in(c, "sshd -t")
     assert rc == 0, f"sshd -t failed: {out}"
     rc, out = exec_in(c, "sshd -T")
@@ -542,6 +555,7 @@ def test_nvidia_smi_works_in_ssh_sessions(start_container, key, mode):
 
 def test_tmux_job_survives_ssh_connection_drop(start_container, key):
     """Container should keep a job started in tmux running after the SSH connection drops."""
+    # Its own container: it waits for every SSH session of dev to end after the drop.
     c = start_with_ssh(start_container, key.public)
     client = ssh_connect(c, key.pkey)
     channel = client.invoke_shell(term="xterm-256color", width=120, height=40)
@@ -613,9 +627,9 @@ def test_ssh_files_on_bind_mount_belong_to_host_user(start_container, key, tmp_p
     assert made.stat().st_gid == owner, f"file group is {made.stat().st_gid}, not {owner}"
 
 
-def test_only_jupyter_and_sshd_listen_beyond_loopback(start_container, key):
+def test_only_jupyter_and_sshd_listen_beyond_loopback(sshd):
     """Container should listen on 8888 and 22 only; kernels and helpers stay on loopback."""
-    c = start_with_ssh(start_container, key.public)
+    c, _ = sshd
     wait_for_log(c, READY, 120)
     # A kernel opens its own ports: start one so the check covers them too. It says when it
     # answers (a file), then stays up; polled for, not a fixed sleep.

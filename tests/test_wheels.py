@@ -13,6 +13,9 @@ import check_wheels  # scripts/check_wheels.py (conftest puts scripts/ on sys.pa
 import pytest
 from conftest import ROOT, http_status_server
 
+# Files, scripts and fakes only: .ci/run runs this file beside the container tests.
+pytestmark = pytest.mark.host
+
 DATA = ROOT / "tests" / "data"
 REPORT = DATA / "pip-report-torch-2.15.0-cp312-x86_64.json"
 BLACKWELL = "2.15.0-cuda13.2"
