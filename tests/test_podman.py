@@ -22,16 +22,28 @@ from test_ssh import Key, ssh_connect, ssh_run
 ROOTLESS_USER = os.environ.get("PODMAN_ROOTLESS_USER", "")
 
 
+def hybrid_cgroups(root="/sys/fs/cgroup"):
+    """Whether this host mounts cgroup v1 controllers and a cgroup2 tree beside them (systemd's
+    "hybrid" layout, this CI machine's): crun, podman's default runtime when installed, refuses
+    it ("cgroups in hybrid mode not supported"); runc runs there."""
+    mounts = pathlib.Path("/proc/self/mounts").read_text().split("\n")
+    kinds = {f[2] for f in (m.split() for m in mounts) if len(f) > 2 and f[1].startswith(root)}
+    return {"cgroup", "cgroup2"} <= kinds
+
+
 class Podman:
-    """The podman CLI as root, or as `user` (rootless: through runuser, in that user's home)."""
+    """The podman CLI as root, or as `user` (rootless: through runuser, in that user's home).
+    On a hybrid cgroup host it runs containers with runc (docs/podman.md says why)."""
 
     def __init__(self, user=None):
         self.user = user
         self.home = pwd.getpwnam(user).pw_dir if user else None
         self.prefix = ["runuser", "-u", user, "--"] if user else []
+        self.runtime = (["--runtime", "runc"] if hybrid_cgroups() and not user
+                        and require_tool("runc", "runc") else [])
 
     def __call__(self, *args, timeout=120, check=True, **kw):
-        r = subprocess.run([*self.prefix, require_tool("podman", "podman"), *args], cwd=self.home,
+        r = subprocess.run([*self.prefix, require_tool("podman", "podman"), *self.runtime, *args], cwd=self.home,
                            capture_output=True, text=True, timeout=timeout, check=False, **kw)
         assert not check or r.returncode == 0, f"podman {' '.join(args)}: {r.returncode}\n{r.stderr}"
         return r
