@@ -185,6 +185,8 @@ def test_mirror_credentials_are_in_no_history_entry_label_or_config(docker_clien
         remove_image(ref)
 
 
+# Slow (a second image build, 70 s in CI) and rarely broken: make test-slow, weekly.
+@pytest.mark.slow
 def test_keep_mirrors_leaves_the_mirrors_configured_in_the_image_only_when_asked(run_in_image):
     """make build KEEP_MIRRORS=1 should leave apt's sources on the mirror (and apt should work
     through it) and pip's index settings in the venv's pip.conf, beside the version constraint;

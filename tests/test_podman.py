@@ -19,6 +19,10 @@ from conftest import READY, require_tool, wait_for_log
 from test_jupyter import api
 from test_ssh import Key, ssh_connect, ssh_run
 
+# Slow (the 7 GB image copied into podman's storage, 95 s of CI's 103) and Podman's support
+# rarely breaks between two Dockerfile changes: make test-slow, weekly (docs/testing.md).
+pytestmark = pytest.mark.slow
+
 ROOTLESS_USER = os.environ.get("PODMAN_ROOTLESS_USER", "")
 
 
