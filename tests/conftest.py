@@ -23,6 +23,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # scripts/ is no package: tests import its modules (build_info, versions, generate) by name.
 sys.path.insert(0, str(ROOT / "scripts"))
 ARTIFACTS = ROOT / "artifacts"
+# The SSH fixtures (key, the shared sshd) for every file that logs in over SSH.
+pytest_plugins = ("ssh_client",)
 
 
 def require_tool(command, package):

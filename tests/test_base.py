@@ -13,8 +13,8 @@ import subprocess
 import pytest
 import requests
 from conftest import ROOT
+from ssh_client import Key, ssh_connect, start_with_ssh
 from test_publish import make
-from test_ssh import Key, ssh_connect, start_with_ssh
 
 import docker
 

@@ -16,8 +16,8 @@ import time
 
 import pytest
 from conftest import READY, require_tool, wait_for_log
+from ssh_client import Key, ssh_connect, ssh_run
 from test_jupyter import api
-from test_ssh import Key, ssh_connect, ssh_run
 
 # Slow (the 7 GB image copied into podman's storage, 95 s of CI's 103) and Podman's support
 # rarely breaks between two Dockerfile changes: make test-slow, weekly (docs/testing.md).
@@ -69,7 +69,7 @@ class Podman:
 
 
 class PodmanContainer:
-    """What conftest's wait_for_log and test_ssh's ssh_connect ask of a Docker SDK container."""
+    """What conftest's wait_for_log and ssh_client's ssh_connect ask of a Docker SDK container."""
 
     def __init__(self, podman, cid):
         self.podman, self.id = podman, cid

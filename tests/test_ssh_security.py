@@ -6,7 +6,7 @@ import re
 import secrets
 
 from conftest import wait_until
-from test_ssh import exec_in, key, start_with_ssh  # noqa: F401 - key is a fixture
+from ssh_client import exec_in, start_with_ssh
 
 # sshd -T's effective settings: what a client may forward (docs/container.md: SSH and tmux).
 FORWARDING = {
@@ -19,7 +19,7 @@ FORWARDING = {
 }
 
 
-def test_sshd_forwards_tcp_but_not_the_agent_or_unix_sockets(start_container, key):  # noqa: F811
+def test_sshd_forwards_tcp_but_not_the_agent_or_unix_sockets(start_container, key):
     """sshd in the container should allow TCP forwarding only: no agent, stream-local, X11 or
     tun forwarding, as its effective configuration (sshd -T) for a dev session says."""
     c = start_with_ssh(start_container, key.public)
@@ -88,7 +88,7 @@ ENVIRON_PROBE = ("for p in $(pgrep -x jupyter-lab); do"
 
 
 def test_services_and_commands_do_not_inherit_what_only_the_entrypoint_reads(start_container, run_in_image,
-                                                                            key, tmp_path):  # noqa: F811
+                                                                            key, tmp_path):
     """Container should unset PUBLIC_KEY_FILE, JUPYTER_TOKEN_FILE, HOST_UID/HOST_GID, GRANT_SUDO and
     the other variables only the entrypoint reads before JupyterLab or a command starts: a process
     of dev can read JupyterLab's environment in /proc. The user's own variables still get there."""

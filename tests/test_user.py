@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 from conftest import needs_root, remove_image, wait_for_log
-from test_ssh import Key
+from ssh_client import Key
 
 # What the command prints when the container gets that far: the IDs and groups dev runs with.
 SHOW_IDS = ["bash", "-c", "echo ids=$(id -u):$(id -g) groups=$(id -Gn | tr ' ' ,)"]
