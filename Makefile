@@ -282,7 +282,7 @@ ZSTD_LEVEL  ?= 7## zstd level for ZSTD=1 (benchmarks/results/pull_2core_2026-12-
 # Dockerfile's own steps on small stand-ins for torch, the nvidia-* wheels and the Python stack.
 .PHONY: repro-check repro-check-full
 REPRO_TORCH_PACKAGES ?= torchinfo==1.8.0 nvidia-nvtx-cu12==12.4.127## make repro-check's stand-ins for torch and the nvidia-* wheels
-REPRO_REPORT ?= benchmarks/results/repro_$(shell nproc)core_$(shell date -u +%Y-%m-%d).md## where make repro-check-full writes its result
+REPRO_REPORT ?= benchmarks/results/repro-full_$(shell nproc)core_$(shell date -u +%Y-%m-%d).md## where make repro-check-full writes its result
 repro-check: ## Reduced image built twice without cache: same layers from the Python layers up? (two builds: minutes)
 	DOCKER=$(DOCKER) python3 scripts/repro_check.py --image $(IMAGE)-repro \
 	  --build-arg 'TORCH_PACKAGES=$(REPRO_TORCH_PACKAGES)' --build-arg REQUIREMENTS=requirements-repro.txt \
