@@ -6,9 +6,10 @@ them: the Makefile, push.py and the workflows ask it.
 Usage: build_info.py make-vars [--row NAME] [--python X.Y]
                          print Makefile assignments (V_<FIELD>:=value; V_TAG, V_GIT_SHA, ...)
        build_info.py build-args [--row NAME] [--python X.Y] [--base REF] [--tag TAG]
-                                [--source URL] [--docker]
+                                [--source URL] [--pypi-as-of TIME] [--docker]
                          print KEY=VALUE build args (docker/build-push-action), or with
-                         --docker the `--build-arg KEY=VALUE` words `make build` passes
+                         --docker the `--build-arg KEY=VALUE` words `make build` passes;
+                         --pypi-as-of: PyPI as of TIME ("": the newest), else versions.json's
        build_info.py moving-tags [--row NAME]
                          print the moving tags of a row, space-separated
        build_info.py sha-tag [--row NAME] [--sha SHA]
@@ -88,7 +89,7 @@ def git_source(worktree=HERE):
     return _git(worktree, "config", "--get", "remote.origin.url").stdout.strip() or "local"
 
 
-def build_args(r, python=None, base=None, version=None, source=None):
+def build_args(r, python=None, base=None, version=None, source=None, pypi_as_of=None):
     """Every --build-arg of docker/Dockerfile. A new build arg is one line here."""
     return {
         "BASE_IMAGE": base or versions.base_image(r),
@@ -106,6 +107,8 @@ def build_args(r, python=None, base=None, version=None, source=None):
         "REVISION": git_sha(),
         "CREATED": git_created(),
         "SOURCE": source or git_source(),
+        # PyPI as it was then (versions.json: pypi_as_of); "" (make build PYPI_AS_OF=): the newest.
+        "PYPI_AS_OF": versions.DATA.get("pypi_as_of", "") if pypi_as_of is None else pypi_as_of,
     }
 
 
@@ -142,9 +145,10 @@ def main(argv):
                 print(f"V_{key.upper()}:={value}")
         print(f"V_BASE_IMAGE_REF:={versions.base_image(r)}")
         print(f"V_TAG:={tag(r, python)}\nV_GIT_SHA:={git_sha()}\nV_CREATED:={git_created()}")
+        print(f"V_PYPI_AS_OF:={versions.DATA.get('pypi_as_of', '')}")
     elif cmd == "build-args":
-        base, version, source = opt("--base"), opt("--tag"), opt("--source")
-        items = build_args(r, python, base or None, version or None, source).items()
+        base, version, source, as_of = opt("--base"), opt("--tag"), opt("--source"), opt("--pypi-as-of")
+        items = build_args(r, python, base or None, version or None, source, as_of).items()
         if "--docker" in args:
             print(" ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in items))
         else:
