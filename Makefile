@@ -50,7 +50,7 @@ PIP_EXTRA_INDEX_URL ?=## more pip indexes for the build (space-separated)
 PIP_TRUSTED_HOST ?=## hosts pip may use without valid HTTPS during the build (space-separated)
 APT_MIRROR  ?=## scheme://host[/prefix] that replaces the apt sources' scheme://host for the build
 KEEP_MIRRORS ?=## 1: the image keeps the build's apt/pip mirrors for its users (their URLs are then in a layer)
-PYPI_AS_OF  ?= $(V_PYPI_AS_OF)## install the Python packages PyPI had at this time (pip --uploaded-prior-to); empty: the newest (a mirror without upload times needs that)
+PYPI_AS_OF  ?= $(V_PYPI_AS_OF)## install the Python packages PyPI had at this time (pip --uploaded-prior-to; not through a pip mirror); empty: the newest
 BUILD_OPTS  ?=## extra docker build flags, e.g. --network host (a mirror on this host's 127.0.0.1)
 TARGET      ?= runtime## the Dockerfile stage make build builds (the image: runtime)
 PLATFORM    ?=## one platform to build, e.g. linux/arm64 (one the row publishes: versions.json platforms); empty = this host's
