@@ -11,6 +11,7 @@ import zipfile
 
 import check_wheels  # scripts/check_wheels.py (conftest puts scripts/ on sys.path)
 import pytest
+import versions
 from conftest import ROOT, http_status_server
 
 # Files, scripts and fakes only: .ci/run runs this file beside the container tests.
@@ -244,3 +245,14 @@ def test_pip_for_machine_evaluates_markers_for_the_target_cpu(tmp_path, machine,
     assert result.returncode == 0, result.stdout + result.stderr
     names = sorted(i["metadata"]["name"] for i in json.loads(report.read_text())["install"])
     assert ("fakecuda" in names) == pulled, f"as on {machine}, pip would install {names}"
+
+
+def test_pypi_is_asked_as_of_pypi_as_of_like_the_build_and_a_mirror_is_not(tmp_path):
+    """On PyPI the check should see what the build sees (pypi_as_of); a mirror gets no cutoff."""
+    row = versions.row()
+    args = ("linux/amd64", "3.11", "2.36")
+    on_pypi = check_wheels.pip_command(row, *args, [check_wheels.PYPI], tmp_path, tmp_path / "r.json")
+    at = on_pypi.index("--uploaded-prior-to")
+    assert on_pypi[at + 1] == versions.DATA["pypi_as_of"], on_pypi
+    on_mirror = check_wheels.pip_command(row, *args, ["https://mirror.example/simple"], tmp_path, tmp_path / "r.json")
+    assert "--uploaded-prior-to" not in on_mirror, on_mirror
