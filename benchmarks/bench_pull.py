@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """What pulling the image costs a node: compressed bytes per layer (gzip and zstd), cold pull
-times from a registry on this host for both in the same run (Docker, and Podman when present), and
+times from a registry on this host for both in the same run (Docker; Podman and containerd when present), and
 what a node downloads to go from one image to the next. Writes
 benchmarks/results/pull_<machine>_<date>.md.
 
 Usage: bench_pull.py --image REF [--delta OLD NEW]... [--levels 1,3,7,11] [--zstd-level 3]
                      [--runs 1] [--machine NAME] [--out DIR] [--no-docker] [--no-podman]
+                     [--no-containerd]
 
 Each image is pushed to a fresh Debian docker-registry on 127.0.0.1: gzip by `docker push` (what
 make push does), zstd by skopeo (what make push ZSTD=1 does). "Cold" means an empty store: each
@@ -13,7 +14,7 @@ Docker pull goes to a second dockerd started on an empty --data-root (the images
 untouched), each Podman pull to an empty --root. --levels compresses the whole image once per
 level (skopeo to a directory) to choose ZSTD_LEVEL. A delta OLD NEW is the compressed size of
 NEW's layers whose digests OLD lacks: what a node holding OLD downloads for NEW.
-Needs root (the second dockerd), docker-registry, skopeo; podman optional. Tens of GB of disk
+Needs root (the second dockerd), docker-registry, skopeo; podman and containerd's ctr optional. Tens of GB of disk
 under --work (default /var/tmp) for the 7 GB image.
 """
 import argparse
@@ -124,6 +125,40 @@ def cold_podman_pull(work, ref):
         shutil.rmtree(run, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def cold_containerd(work):
+    """A second containerd on an empty root (its own content store and snapshots; no CRI plugin):
+    what a Kubernetes node or Docker >= 23 with the containerd image store pulls with. -> socket."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="cold-ctrd-", dir=work))
+    sock = str(root / "c.sock")
+    (root / "config.toml").write_text('version = 2\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n')
+    with open(root / "containerd.log", "wb") as out:
+        proc = subprocess.Popen(["containerd", "--config", str(root / "config.toml"), "--root", str(root / "root"),
+                                 "--state", str(root / "state"), "--address", sock],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(150):
+            if sh("ctr", "--address", sock, "version", check=False).returncode == 0:
+                break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"the cold containerd did not start:\n{(root / 'containerd.log').read_text()[-2000:]}")
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def cold_containerd_pull(work, ref):
+    """`ctr images pull`: fetch, then unpack into the overlayfs snapshotter, as a node does."""
+    with cold_containerd(work) as sock:
+        seconds, proc = timed("ctr", "--address", sock, "--namespace", "bench", "images", "pull", "--plain-http", ref)
+    if proc.returncode == 0 and "unpacking" not in proc.stdout:
+        return seconds, "ctr fetched but did not say it unpacked: not a whole pull"
+    return seconds, None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+
+
 def skopeo_zstd(source, dest, level):
     """skopeo copy recompressing every layer with zstd; the registry here is plain http."""
     # zstd layers exist only in OCI manifests: say so for dir: (docker:// converts by itself).
@@ -210,6 +245,7 @@ def versions():
             return "absent"
     return {"docker": first_line(DOCKER, "version", "--format", "{{.Server.Version}}"),
             "skopeo": first_line("skopeo", "--version"), "podman": first_line("podman", "--version"),
+            "containerd": first_line("containerd", "--version"),
             "registry": first_line("docker-registry", "--version")}
 
 
@@ -231,13 +267,14 @@ def report(o, main, pulls, sweep, deltas, env, notes):
         "what does an update cost a node? ([docs/distributing.md](../../docs/distributing.md))"), "",
         f"- Image: `{o.image}` (`{o.image_id[:19]}`, {len(rows)} layers)",
         (f"- Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
-        f"{env['docker']} (dockerd), {env['skopeo']}, {env['podman']}, registry: {env['registry']} on 127.0.0.1"),
+        f"{env['docker']} (dockerd), {env['skopeo']}, {env['podman']}, {env['containerd']}, registry: {env['registry']} on 127.0.0.1"),
         f"- Command: `python3 benchmarks/bench_pull.py --image {o.image}"
         + "".join(f" --delta {a} {b}" for a, b in o.delta) + (f" --levels {o.levels}" if o.levels else "")
         + f" --zstd-level {o.zstd_level} --runs {o.runs} --machine {o.machine}"
-        + " --no-docker" * o.no_docker + " --no-podman" * o.no_podman + "`",
+        + " --no-docker" * o.no_docker + " --no-podman" * o.no_podman + " --no-containerd" * o.no_containerd + "`",
         ("- Cold: each Docker pull into a second dockerd on an empty data root, each Podman pull into an empty "
-        "--root; the registry on the same host, so the network costs nothing and the pull is mostly "
+        "--root, each containerd pull (`ctr images pull`: fetch and unpack) into a second containerd on an "
+        "empty root; the registry on the same host, so the network costs nothing and the pull is mostly "
         "download-to-disk plus decompression and unpacking."), "",
         "## Compressed bytes per layer", "",
         (f"gzip: `docker push` (Docker {env['docker']}); zstd: `skopeo copy --dest-compress-format zstd "
@@ -294,6 +331,7 @@ def parse(argv):
     ap.add_argument("--work", default="/var/tmp", help="where the registry, the level sweep and the cold stores live")
     ap.add_argument("--no-docker", action="store_true", help="skip the cold Docker pulls")
     ap.add_argument("--no-podman", action="store_true", help="skip the cold Podman pulls")
+    ap.add_argument("--no-containerd", action="store_true", help="skip the cold containerd (ctr) pulls")
     o = ap.parse_args(argv)
     o.date = datetime.date.today().isoformat()
     return o
@@ -339,7 +377,8 @@ def cold_pulls(o, work, facts, gz_total, pulls, notes):
     """Each client's cold pulls of both tags, o.runs times; skipped (and noted) when the shared disk
     cannot hold an unpacked copy (about 3x the gzip download, with 5 GB to spare)."""
     clients = ([("docker", cold_docker_pull)] if not o.no_docker else []) + (
-        [("podman", cold_podman_pull)] if not o.no_podman and shutil.which("podman") else [])
+        [("podman", cold_podman_pull)] if not o.no_podman and shutil.which("podman") else []) + (
+        [("containerd", cold_containerd_pull)] if not o.no_containerd and shutil.which("ctr") else [])
     for client, pull in clients:
         pulls[client] = {"gzip": [], "zstd": []}
         for _ in range(o.runs):
