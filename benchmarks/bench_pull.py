@@ -78,6 +78,31 @@ def local_registry(work):
 
 
 @contextlib.contextmanager
+def daemon(name, root, args, ready):
+    """A second `name` daemon started with args, its log in root, until the command `ready`
+    succeeds; stopped at the end."""
+    log_path = root / f"{name}.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(150):
+            if sh(*ready, check=False).returncode == 0:
+                break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"the cold {name} did not start:\n{log_path.read_text()[-2000:]}")
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def failure(proc):
+    """None when the command succeeded, else the last line of what it said."""
+    return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+
+
+@contextlib.contextmanager
 def cold_dockerd(work):
     """A second dockerd on an empty data root (no bridge, no iptables: it only pulls). -> its -H."""
     root = pathlib.Path(tempfile.mkdtemp(prefix="cold-dockerd-", dir=work))
@@ -87,21 +112,12 @@ def cold_dockerd(work):
     # the main engine off its published ports. (Found by the lead: docker0 vanished mid-tests.)
     bridge = f"coldbr{os.getpid() % 100000}"
     sh("ip", "link", "add", bridge, "type", "bridge")
-    with open(root / "dockerd.log", "wb") as out:
-        proc = subprocess.Popen(["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-                                 "--pidfile", str(root / "pid"), "-H", sock, "--bridge", bridge,
-                                 "--iptables=false", "--ip-masq=false"], stdout=out, stderr=subprocess.STDOUT)
     try:
-        for _ in range(150):
-            if sh(DOCKER, "-H", sock, "info", check=False).returncode == 0:
-                break
-            time.sleep(0.2)
-        else:
-            raise RuntimeError(f"the cold dockerd did not start:\n{(root / 'dockerd.log').read_text()[-2000:]}")
-        yield sock
+        with daemon("dockerd", root, ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+                                      "--pidfile", str(root / "pid"), "-H", sock, "--bridge", bridge,
+                                      "--iptables=false", "--ip-masq=false"], [DOCKER, "-H", sock, "info"]):
+            yield sock
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
         sh("ip", "link", "delete", bridge, check=False)
         shutil.rmtree(root, ignore_errors=True)
 
@@ -110,7 +126,7 @@ def cold_docker_pull(work, ref):
     """-> (seconds, None) or (seconds until it failed, the error's last line)."""
     with cold_dockerd(work) as sock:
         seconds, proc = timed(DOCKER, "-H", sock, "pull", ref)
-    return seconds, None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+    return seconds, failure(proc)
 
 
 def cold_podman_pull(work, ref):
@@ -119,44 +135,30 @@ def cold_podman_pull(work, ref):
     try:
         seconds, proc = timed("podman", "--root", str(root / "root"), "--runroot", run,
                               "pull", "-q", "--tls-verify=false", ref)
-        return seconds, None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return seconds, failure(proc)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(run, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def cold_containerd(work):
-    """A second containerd on an empty root (its own content store and snapshots; no CRI plugin):
-    what a Kubernetes node or Docker >= 23 with the containerd image store pulls with. -> socket."""
+def cold_containerd_pull(work, ref):
+    """`ctr images pull` (fetch, then unpack into the overlayfs snapshotter, as a node does) into a
+    second containerd on an empty root (its own content store and snapshots; no CRI plugin): what
+    a Kubernetes node or Docker >= 23 with the containerd image store pulls with."""
     root = pathlib.Path(tempfile.mkdtemp(prefix="cold-ctrd-", dir=work))
     sock = str(root / "c.sock")
     (root / "config.toml").write_text('version = 2\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n')
-    with open(root / "containerd.log", "wb") as out:
-        proc = subprocess.Popen(["containerd", "--config", str(root / "config.toml"), "--root", str(root / "root"),
-                                 "--state", str(root / "state"), "--address", sock],
-                                stdout=out, stderr=subprocess.STDOUT)
     try:
-        for _ in range(150):
-            if sh("ctr", "--address", sock, "version", check=False).returncode == 0:
-                break
-            time.sleep(0.2)
-        else:
-            raise RuntimeError(f"the cold containerd did not start:\n{(root / 'containerd.log').read_text()[-2000:]}")
-        yield sock
+        with daemon("containerd", root, ["containerd", "--config", str(root / "config.toml"), "--root",
+                                         str(root / "root"), "--state", str(root / "state"), "--address", sock],
+                    ["ctr", "--address", sock, "version"]):
+            seconds, proc = timed("ctr", "--address", sock, "--namespace", "bench", "images", "pull",
+                                  "--plain-http", ref)
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
         shutil.rmtree(root, ignore_errors=True)
-
-
-def cold_containerd_pull(work, ref):
-    """`ctr images pull`: fetch, then unpack into the overlayfs snapshotter, as a node does."""
-    with cold_containerd(work) as sock:
-        seconds, proc = timed("ctr", "--address", sock, "--namespace", "bench", "images", "pull", "--plain-http", ref)
     if proc.returncode == 0 and "unpacking" not in proc.stdout:
         return seconds, "ctr fetched but did not say it unpacked: not a whole pull"
-    return seconds, None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+    return seconds, failure(proc)
 
 
 def skopeo_zstd(source, dest, level):
