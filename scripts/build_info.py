@@ -108,7 +108,7 @@ def build_args(r, python=None, base=None, version=None, source=None, pypi_as_of=
         "CREATED": git_created(),
         "SOURCE": source or git_source(),
         # PyPI as it was then (versions.json: pypi_as_of); "" (make build PYPI_AS_OF=): the newest.
-        "PYPI_AS_OF": versions.DATA.get("pypi_as_of", "") if pypi_as_of is None else pypi_as_of,
+        "PYPI_AS_OF": versions.pypi_as_of() if pypi_as_of is None else pypi_as_of,
     }
 
 
@@ -145,7 +145,7 @@ def main(argv):
                 print(f"V_{key.upper()}:={value}")
         print(f"V_BASE_IMAGE_REF:={versions.base_image(r)}")
         print(f"V_TAG:={tag(r, python)}\nV_GIT_SHA:={git_sha()}\nV_CREATED:={git_created()}")
-        print(f"V_PYPI_AS_OF:={versions.DATA.get('pypi_as_of', '')}")
+        print(f"V_PYPI_AS_OF:={versions.pypi_as_of()}")
     elif cmd == "build-args":
         base, version, source, as_of = opt("--base"), opt("--tag"), opt("--source"), opt("--pypi-as-of")
         items = build_args(r, python, base or None, version or None, source, as_of).items()

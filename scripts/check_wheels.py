@@ -121,8 +121,8 @@ def pip_command(row, platform, python, glibc, index_urls, target, report):
         cmd += ["--extra-index-url", url]
     # PyPI as the build sees it (docker/build/pip-env.sh): as of versions.json's pypi_as_of, so a
     # row whose torch came out later fails here, not half way through its build. Not via a mirror.
-    if index_urls == [PYPI] and versions.DATA.get("pypi_as_of"):
-        cmd += ["--uploaded-prior-to", versions.DATA["pypi_as_of"]]
+    if index_urls == [PYPI] and versions.pypi_as_of():
+        cmd += ["--uploaded-prior-to", versions.pypi_as_of()]
     for tag in manylinux_tags(arch, glibc):
         cmd += ["--platform", tag]
     return cmd + [f"{name}=={row[name]}" for name in ("torch", "torchvision", "torchaudio")]
@@ -171,7 +171,7 @@ def check_row(row, platform, python, glibc, index_urls, env):
                                   + "\n".join(ln for ln in output.splitlines() if UNREACHABLE.search(ln))[-2000:])
             reason = [ln for ln in output.splitlines() if ln.startswith("ERROR")] or output.splitlines()[-5:]
             if "--uploaded-prior-to" in cmd:
-                reason.append(f"(PyPI as of versions.json's pypi_as_of, {versions.DATA['pypi_as_of']}, as the build "
+                reason.append(f"(PyPI as of versions.json's pypi_as_of, {versions.pypi_as_of()}, as the build "
                               "sees it: a release uploaded later is not there; move pypi_as_of forward)")
             return False, "pip cannot install them:\n    " + "\n    ".join(reason)
         have = resolved(json.loads(report.read_text()))

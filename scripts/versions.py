@@ -56,6 +56,12 @@ def nvidia_require_cuda(r):
     return f"cuda>={r['cuda'].split('.')[0]}.0,driver>={r['min_driver']}"
 
 
+def pypi_as_of():
+    """The time every build installs PyPI as of (pip --uploaded-prior-to); "" for the newest.
+    One value for all rows: they share requirements.txt."""
+    return DATA.get("pypi_as_of", "")
+
+
 def require_digest(r):
     digest = r.get("base_image_digest", "")
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
