@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
 """Ask pip's resolver, for every versions.json row and every platform the row publishes, whether
-the row's torch/torchvision/torchaudio pins and all their dependencies install from wheels on the
-row's Python (the base's python3): the question a build answers only after pulling the base.
+the row's torch/torchvision/torchaudio pins, the image's other Python packages
+(docker/build/requirements.txt, pip itself) and all their dependencies install on the row's
+Python (the base's python3): the question a build answers only after pulling the base, and one
+the stand-in base (another Python) cannot answer. On the stand-in's Python only the pins are
+asked (CI's build there installs the rest itself). A release published as an sdist alone (pip
+cannot ask for another Python's sdists) is built into a wheel here when it is pure Python, so its
+own requirements are checked too.
+
 pip runs as on each platform's CPU (pip_for_machine.py): `--platform` alone picks the wheels'
 tags but leaves their environment markers answering for this host, and torch 2.6.0's aarch64
 wheel, CPU-only, needs its CUDA libraries only `platform_machine == "x86_64"`. A resolution
@@ -39,6 +45,11 @@ import versions
 
 PYPI = "https://pypi.org/simple"
 PIP_FOR_MACHINE = pathlib.Path(__file__).resolve().parent / "pip_for_machine.py"
+# What the build installs beside the row's pins (Dockerfile: upgrade_pip, then the rest layer).
+REQUIREMENTS = pathlib.Path(__file__).resolve().parent.parent / "docker" / "build" / "requirements.txt"
+# pip's answer for a requirement with no candidate at all, where no version was set aside for
+# its Requires-Python: only an sdist is published (the dry run may take wheels alone).
+NO_CANDIDATE = re.compile(r"satisfies the requirement (\S+) \(from versions: none\)")
 # Docker's platform names (versions.json `platforms`) -> the machine name in wheel tags.
 WHEEL_ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 # PEP 600 tags older than manylinux_2_x; manylinux2010/manylinux1 exist for x86 only.
@@ -106,26 +117,58 @@ def targets(row, standin):
     return out
 
 
-def pip_command(row, platform, python, glibc, index_urls, target, report):
-    """pip run as on the platform's CPU (pip_for_machine.py: its environment markers then answer
-    for that machine, not this one), asked for the row's pins on that Python and glibc.
-    CHECK_WHEELS_PIP (a command line) replaces the runner, which gets the machine and then pip's
-    arguments: the tests' fake pip."""
-    runner = shlex.split(os.environ.get("CHECK_WHEELS_PIP", "")) or [sys.executable, str(PIP_FOR_MACHINE)]
-    arch = WHEEL_ARCH[platform]
-    cmd = [*runner, arch, "install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
-           "--use-feature=fast-deps", "--no-cache-dir", "--retries", "1", "--timeout", "30",
-           "--python-version", python, "--implementation", "cp",
-           "--target", str(target), "--report", str(report), "--index-url", index_urls[0]]
+def runner():
+    """pip_for_machine.py, or CHECK_WHEELS_PIP (a command line: the tests' fake pip), which gets
+    the machine and then pip's arguments."""
+    return shlex.split(os.environ.get("CHECK_WHEELS_PIP", "")) or [sys.executable, str(PIP_FOR_MACHINE)]
+
+
+def index_args(index_urls, as_of):
+    """pip's index options: PyPI as the build sees it (docker/build/pip-env.sh), as of `as_of`
+    (default versions.json's pypi_as_of), so a row whose torch came out later fails here, not
+    half way through its build; a mirror without the cutoff, as in the build."""
+    cmd = ["--index-url", index_urls[0]]
     for url in index_urls[1:]:
         cmd += ["--extra-index-url", url]
-    # PyPI as the build sees it (docker/build/pip-env.sh): as of versions.json's pypi_as_of, so a
-    # row whose torch came out later fails here, not half way through its build. Not via a mirror.
-    if index_urls == [PYPI] and versions.pypi_as_of():
-        cmd += ["--uploaded-prior-to", versions.pypi_as_of()]
+    as_of = versions.pypi_as_of() if as_of is None else as_of
+    if index_urls == [PYPI] and as_of:
+        cmd += ["--uploaded-prior-to", as_of]
+    return cmd
+
+
+def pip_command(row, platform, python, glibc, index_urls, target, report, as_of=None, find_links=None,
+                full=True):
+    """pip run as on the platform's CPU (pip_for_machine.py: its environment markers then answer
+    for that machine, not this one), asked for what the build installs on that Python and glibc:
+    the row's pins, and with `full` pip and requirements.txt; find_links: wheels built here."""
+    arch = WHEEL_ARCH[platform]
+    cmd = [*runner(), arch, "install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
+           "--use-feature=fast-deps", "--no-cache-dir", "--retries", "1", "--timeout", "30",
+           "--python-version", python, "--implementation", "cp",
+           "--target", str(target), "--report", str(report), *index_args(index_urls, as_of)]
+    if find_links:
+        cmd += ["--find-links", str(find_links)]
     for tag in manylinux_tags(arch, glibc):
         cmd += ["--platform", tag]
-    return cmd + [f"{name}=={row[name]}" for name in ("torch", "torchvision", "torchaudio")]
+    pins = [f"{name}=={row[name]}" for name in ("torch", "torchvision", "torchaudio")]
+    return cmd + pins + (["pip", "--requirement", str(REQUIREMENTS)] if full else [])
+
+
+def build_sdist(spec, into, index_urls, env, as_of):
+    """A wheel of `spec` (name==version) built here from its sdist, into `into`: None when it is
+    pure Python (its metadata then holds on any Python and CPU), else why it cannot stand in."""
+    cmd = [*runner(), "x86_64", "wheel", "--no-deps", "--no-cache-dir", "--no-binary", spec.split("==")[0],
+           "--wheel-dir", str(into), *index_args(index_urls, as_of), spec]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=pip_env(env), check=False)
+    name = re.sub(r"[-_.]+", "_", spec.split("==")[0]).lower()
+    made = [w.name for w in into.glob("*.whl") if w.name.lower().startswith(name + "-")]
+    if out.returncode != 0 or not made:
+        return f"{spec} is published as an sdist only, and building it here failed:\n" + (
+            out.stdout + out.stderr)[-1500:]
+    if not all(w.endswith("-none-any.whl") for w in made):
+        return (f"{spec} is published as an sdist only and is not pure Python ({made[0]}): the build"
+                " compiles it, and its requirements on another Python cannot be checked here")
+    return None
 
 
 def resolved(report):
@@ -156,25 +199,47 @@ def downloaded_mb(output):
     return sum(float(n) * scale[u] for n, u in re.findall(r"Downloading \S+\.whl \(([\d.]+) (kB|MB|GB)\)", output))
 
 
-def check_row(row, platform, python, glibc, index_urls, env):
-    """(ok, message) for one row on one platform, Python and glibc; raises Unreachable."""
+def resolve(row, platform, python, glibc, index_urls, env, as_of=None, full=True):
+    """(have, None, pip's output, seconds, built) where pip resolves what the build installs,
+    else (None, pip's reasons, output, seconds, built); raises Unreachable. An sdist-only release
+    that pip names is built into a wheel (build_sdist; `built` lists them) and pip asked again."""
+    start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        report = pathlib.Path(tmp, "report.json")
-        cmd = pip_command(row, platform, python, glibc, index_urls, pathlib.Path(tmp, "target"), report)
-        start = time.monotonic()
-        out = subprocess.run(cmd, capture_output=True, text=True, env=pip_env(env), check=False)
-        took = time.monotonic() - start
-        output = out.stdout + out.stderr
-        if out.returncode != 0:
+        built, tried = pathlib.Path(tmp, "built"), set()
+        built.mkdir()
+        while True:
+            report = pathlib.Path(tmp, "report.json")
+            cmd = pip_command(row, platform, python, glibc, index_urls, pathlib.Path(tmp, "target"), report,
+                              as_of=as_of, find_links=built if tried else None, full=full)
+            out = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                                 env={**pip_env(env), "MARKER_PYTHON": python})
+            output = out.stdout + out.stderr
+            if out.returncode == 0:
+                return (resolved(json.loads(report.read_text())), None, output, time.monotonic() - start,
+                        sorted(tried))
             if UNREACHABLE.search(output):
                 raise Unreachable("pip could not reach " + " / ".join(index_urls) + ":\n"
                                   + "\n".join(ln for ln in output.splitlines() if UNREACHABLE.search(ln))[-2000:])
-            reason = [ln for ln in output.splitlines() if ln.startswith("ERROR")] or output.splitlines()[-5:]
+            sdist = NO_CANDIDATE.search(output)
+            if sdist and "==" in sdist.group(1) and sdist.group(1) not in tried:
+                tried.add(sdist.group(1))
+                problem = build_sdist(sdist.group(1), built, index_urls, env, as_of)
+                if problem is None:
+                    continue
+                return None, [problem], output, time.monotonic() - start, sorted(tried)
+            reason = [ln if len(ln) < 400 else ln[:300] + " ... " + ln[-60:]
+                      for ln in output.splitlines() if ln.startswith("ERROR")] or output.splitlines()[-5:]
             if "--uploaded-prior-to" in cmd:
-                reason.append(f"(PyPI as of versions.json's pypi_as_of, {versions.pypi_as_of()}, as the build "
-                              "sees it: a release uploaded later is not there; move pypi_as_of forward)")
-            return False, "pip cannot install them:\n    " + "\n    ".join(reason)
-        have = resolved(json.loads(report.read_text()))
+                reason.append(f"(PyPI as of {cmd[cmd.index('--uploaded-prior-to') + 1]}, as the build sees it: a"
+                              " release uploaded later is not there; move versions.json's pypi_as_of forward)")
+            return None, reason, output, time.monotonic() - start, sorted(tried)
+
+
+def check_row(row, platform, python, glibc, index_urls, env, full=True):
+    """(ok, message) for one row on one platform, Python and glibc; raises Unreachable."""
+    have, reason, output, took, built = resolve(row, platform, python, glibc, index_urls, env, full=full)
+    if have is None:
+        return False, "pip cannot install them:\n    " + "\n    ".join(reason)
     errors = check_report(row, platform, have)
     if errors:
         return False, "\n    ".join(["the resolution differs from the row:", *errors])
@@ -183,7 +248,8 @@ def check_row(row, platform, python, glibc, index_urls, env):
            "metadata and this pip did not read them by range (pip 26.3, tests/requirements.txt, does)" \
         if heavy > 50 else ""
     libs = ", ".join(f"{n} {v}" for n, v in sorted(have.items()) if re.match(r"nvidia-(cudnn|nccl|cuda-runtime)", n))
-    return True, f"{len(have)} packages ({libs}) in {took:.1f} s{note}"
+    sdists = f"; built here from sdists: {', '.join(built)}" if built else ""
+    return True, f"{len(have)} packages ({libs}) in {took:.1f} s{sdists}{note}"
 
 
 def one(row, target, index_urls, env):
@@ -193,11 +259,12 @@ def one(row, target, index_urls, env):
     if platform not in WHEEL_ARCH:
         return what, False, f"no wheel architecture known for {platform} (have {sorted(WHEEL_ARCH)})"
     try:
-        ok, message = check_row(row, platform, python, glibc, index_urls, env)
+        # requirements.txt on the base's Python alone: the stand-in's is the one CI builds with.
+        ok, message = check_row(row, platform, python, glibc, index_urls, env, full=on == "base")
     except Unreachable as e:
         return what, None, str(e)
     pins = f"torch {row['torch']}, torchvision {row['torchvision']}, torchaudio {row['torchaudio']}"
-    return what, ok, f"{pins}: {message}"
+    return what, ok, f"{pins}{' and ' + REQUIREMENTS.name if on == 'base' else ''}: {message}"
 
 
 def main(argv):
@@ -236,7 +303,8 @@ def main(argv):
     if failed:
         print(f"check_wheels: {len(failed)} row/platform check(s) cannot be installed: {'; '.join(failed)}. "
               "Fix: pins that have CUDA wheels for the row's Python and platform, a base whose python3 has "
-              "them, or fewer platforms (versions.json)", file=sys.stderr)
+              "them, or fewer platforms (versions.json); for a requirements.txt line, a version for "
+              "that Python (an environment marker: pkg==X; python_version >= \"3.11\")", file=sys.stderr)
         return 1
     return 0
 

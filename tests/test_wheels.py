@@ -38,9 +38,19 @@ machine, args = sys.argv[1], sys.argv[2:]
 log = pathlib.Path(os.environ["FAKE_PIP_LOG"])
 with log.open("a") as f:
     f.write(json.dumps({"machine": machine, "argv": args, "config": os.environ.get("PIP_CONFIG_FILE"),
-                        "constraint": os.environ.get("PIP_CONSTRAINT")}) + "\n")
+                        "constraint": os.environ.get("PIP_CONSTRAINT"),
+                        "marker_python": os.environ.get("MARKER_PYTHON")}) + "\n")
 mode = os.environ["FAKE_PIP_MODE"]
-if mode == "ok":
+if args[0] == "wheel":  # build the sdist named last: a wheel of the tag FAKE_PIP_WHEEL_TAG
+    name, version = args[-1].split("==")
+    out = pathlib.Path(args[args.index("--wheel-dir") + 1])
+    (out / f"{name}-{version}-{os.environ['FAKE_PIP_WHEEL_TAG']}.whl").write_text("")
+    sys.exit(0)
+if mode == "sdist" and "--find-links" not in args and "--requirement" in args:
+    sys.stderr.write("ERROR: Could not find a version that satisfies the requirement gpustat==1.1.1 (from versions: none)\n"
+                     "ERROR: No matching distribution found for gpustat==1.1.1\n")
+    sys.exit(1)
+if mode in ("ok", "sdist"):
     report = args[args.index("--report") + 1]
     recorded = os.environ.get("FAKE_PIP_REPORT_" + machine) or os.environ["FAKE_PIP_REPORT"]
     pathlib.Path(report).write_text(pathlib.Path(recorded).read_text())
@@ -140,6 +150,63 @@ def test_a_row_whose_pins_resolve_passes_on_its_base_and_the_stand_in(tmp_path, 
         assert all(t.endswith("_" + c["machine"]) for t in tags), f"pip run as on {c['machine']} for {tags}"
 
 
+def test_requirements_are_asked_for_on_the_bases_python_and_only_the_pins_on_the_stand_in(tmp_path, index):
+    """The base's check should ask for what the build installs (the pins, pip, requirements.txt)
+    with markers answering for the base's Python; the stand-in's only for the pins (CI's build
+    there installs the rest itself, and a full resolution costs a minute)."""
+    result, calls = run_check(tmp_path, index)
+    assert result.returncode == 0, result.stdout + result.stderr
+    base = next(c for c in calls if "3.12" in c["argv"])
+    standin = next(c for c in calls if "3.11" in c["argv"])
+    assert base["argv"][-3:] == ["pip", "--requirement", str(check_wheels.REQUIREMENTS)], base["argv"]
+    assert "--requirement" not in standin["argv"], standin["argv"]
+    assert base["marker_python"] == "3.12" and standin["marker_python"] == "3.11", calls
+    assert "2.11.1 and requirements.txt: " in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("tag, ok", [("py3-none-any", True), ("cp312-cp312-linux_x86_64", False)],
+                         ids=["pure", "compiled"])
+def test_an_sdist_only_release_is_built_here_then_pip_is_asked_again(tmp_path, index, tag, ok):
+    """A pin published as an sdist alone (gpustat 1.1.1; pip answers 'from versions: none' for
+    another Python) should be built into a wheel here and pip asked again with it; a wheel that
+    is not pure Python cannot stand in for another Python's, and the row fails saying so."""
+    result, calls = run_check(tmp_path, index, mode="sdist", extra_env={"FAKE_PIP_WHEEL_TAG": tag})
+    built = [c["argv"] for c in calls if c["argv"][0] == "wheel"]
+    platforms = versions.row(BLACKWELL)["platforms"]  # one base check each; the stand-in's asks no sdist
+    assert len(built) == len(platforms) and all(b[-1] == "gpustat==1.1.1" for b in built), calls
+    assert built[0][built[0].index("--no-binary") + 1] == "gpustat", built[0]
+    if ok:
+        assert result.returncode == 0, result.stdout + result.stderr
+        again = [c["argv"] for c in calls if "--find-links" in c["argv"]]
+        assert again, f"pip was not asked again with the built wheel: {calls}"
+        assert "built here from sdists: gpustat==1.1.1" in result.stdout, result.stdout
+    else:
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "gpustat==1.1.1 is published as an sdist only and is not pure Python" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("python, version", [("3.10", "1.0"), ("3.11", "2.0"), ("3.12.1", "2.0")])
+def test_pip_for_machine_evaluates_python_version_markers_for_the_target_python(tmp_path, python, version):
+    """With MARKER_PYTHON, a requirements.txt marker should answer for that Python, not for the one
+    pip runs on (pip's --python-version does not change markers): the default row's Python 3.10
+    base takes the line marked < 3.11. Real pip, local wheels."""
+    wheel(tmp_path, "fakedash", version="1.0")
+    wheel(tmp_path, "fakedash", version="2.0")
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text('fakedash==2.0; python_version >= "3.11"\nfakedash==1.0; python_version < "3.11"\n')
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "pip_for_machine.py"), "x86_64", "install", "--dry-run",
+         "--ignore-installed", "--no-index", "--find-links", str(tmp_path), "--target", str(tmp_path / "t"),
+         "--report", str(report), "--requirement", str(reqs)],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull,
+             "MARKER_PYTHON": python})
+    assert result.returncode == 0, result.stdout + result.stderr
+    got = {i["metadata"]["name"]: i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    assert got == {"fakedash": version}, f"as on Python {python}, pip would install {got}"
+
+
 def test_a_row_without_wheels_for_its_python_fails_with_pips_reason(tmp_path, index):
     """A row pip cannot resolve (torch 2.15.0 on Python 3.10) should fail, naming the row,
     platform and Python, with pip's own reason."""
@@ -217,13 +284,13 @@ def test_a_row_declaring_arm64_with_torch_2_6_fails_as_cpu_only(tmp_path, index)
     assert "torch 2.6.0 for linux/arm64 is not a CUDA build there" in result.stdout, result.stdout
 
 
-def wheel(folder, name, requires=()):
+def wheel(folder, name, requires=(), version="1.0"):
     """A minimal wheel: metadata only, which is all a --dry-run reads."""
-    dist = f"{name}-1.0.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    dist = f"{name}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {f"{dist}/METADATA": meta, f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     files[f"{dist}/RECORD"] = "".join(f"{f},,\n" for f in files) + f"{dist}/RECORD,,\n"
-    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as z:
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
         for path, text in files.items():
             z.writestr(path, text)
 
