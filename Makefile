@@ -292,6 +292,17 @@ repro-check: ## Reduced image built twice without cache: same layers from the Py
 repro-check-full: ## The full image built twice without cache, compared likewise; result in REPRO_REPORT (30-50 min)
 	DOCKER=$(DOCKER) python3 scripts/repro_check.py --image $(IMAGE)-repro-full --report $(REPRO_REPORT)
 
+# PyPI as of versions.json's pypi_as_of (docs/building.md#moving-pypi_as_of): what moving it to TO
+# changes, per row, from PyPI's metadata; WRITE=1 sets it. The monthly pypi-bump workflow opens
+# this as a pull request.
+.PHONY: pypi-bump
+TO ?=## make pypi-bump's new pypi_as_of, ISO 8601 UTC (empty: today 00:00 UTC)
+WRITE ?=## 1: make pypi-bump writes the new pypi_as_of into versions.json when a package moves
+BUMP_MARKDOWN ?=## a file make pypi-bump also writes its changes to, as Markdown (the pull request's body)
+pypi-bump: test-deps ## What moving versions.json's pypi_as_of to TO changes per row (minutes); WRITE=1 sets it
+	$(TEST_VENV)/bin/python scripts/pypi_bump.py $(if $(TO),--to '$(TO)') $(if $(filter 1,$(WRITE)),--write) \
+	  $(if $(BUMP_MARKDOWN),--markdown '$(BUMP_MARKDOWN)')
+
 .PHONY: tags push manifest
 tags: ## Print the tags make push publishes: descriptive, sha-<sha>, then the moving ones
 	@printf '%s\n' $(TAG) "$$(python3 scripts/build_info.py sha-tag $(ROW_ARG) --sha $(GIT_SHA))" $(MOVING_TAGS)
