@@ -66,3 +66,29 @@ def test_ranks_leave_together_once_rank_0_has_written_its_results(start_containe
     assert code == 0 and json.loads(metrics)["history"], f"no metrics from rank 0: {metrics!r}"
     status = c.wait(timeout=120)["StatusCode"]
     assert status == 0, f"torchrun exited {status}:\n{c.logs().decode(errors='replace')[-3000:]}"
+
+
+# Ranks whose process-group teardown never returns (pytorch/pytorch#75097), with a short bound.
+HANGING_TEARDOWN = """
+import sys, time
+import torch.distributed as dist
+import trainamp.launch
+trainamp.launch.TEARDOWN_S = 3
+dist.destroy_process_group = lambda *a, **k: time.sleep(3600)
+from trainamp.main import main
+sys.exit(main())
+"""
+
+
+def test_a_finished_job_whose_teardown_hangs_still_exits_with_its_status(run_in_image):
+    """When destroying the process group hangs after a finished run (all saved), each rank should
+    print where it hangs and exit within TEARDOWN_S with the run's status (0), instead of holding
+    its node until the scheduler's time limit."""
+    script = "cat > /tmp/hang.py <<'PY'\n" + HANGING_TEARDOWN + "PY\n"
+    code, logs = run_in_image(["bash", "-c", script + "exec torchrun --nproc-per-node 2 /tmp/hang.py "
+                               + shlex.join(SYNTH) + " --epochs 1 --checkpoint-dir /tmp/ck"], timeout=300)
+    assert code == 0, f"torchrun exited {code}:\n{logs[-4000:]}"
+    assert SUMMARY.search(logs), f"the run did not finish its epoch:\n{logs[-4000:]}"
+    left = re.findall(r"rank (\d): leaving the job \(destroying the process group\) took over 3 s", logs)
+    assert sorted(left) == ["0", "1"], f"each rank should say it left past the bound:\n{logs[-4000:]}"
+    assert "hang.py" in logs, f"no stack of where it hung:\n{logs[-4000:]}"

@@ -1,9 +1,11 @@
 """How this process was started and where it runs: torchrun, srun, Kubeflow PyTorchJob or
 TrainJob, or alone (launch_env); which GPU it uses (choose_gpu); the process group (Ranks);
 --print-launch; a writable HOME without a passwd entry; and the stop signals (StopRequest)."""
+import atexit
 import contextlib
 import dataclasses
 import datetime
+import faulthandler
 import getpass
 import os
 import pathlib
@@ -13,11 +15,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 import torch
 import torch.distributed as dist
 
 from .errors import EXIT_LAUNCH, EXIT_USAGE, PROG, LaunchError, UsageError
+
+# Seconds a finished job's process may take to leave it (destroy the process group, exit). It takes
+# milliseconds; a teardown that hangs (pytorch/pytorch#75097) would hold the nodes until the job's
+# time limit with every result already saved.
+TEARDOWN_S = 60
 
 # What the first line of a run calls each launch_env() result.
 LAUNCHERS = {
@@ -272,6 +280,8 @@ class Ranks:
                                     **where)
             # The stop flag is agreed on every step; on gloo (CPU) that never waits for the GPU.
             self.ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
+            # Registered after torch's own: runs first at exit, and bounds the rest of it.
+            atexit.register(signal.alarm, TEARDOWN_S)
         except (RuntimeError, ValueError, OSError) as e:  # DistError is a RuntimeError
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300].rstrip(".")
             raise LaunchError(
@@ -292,9 +302,26 @@ class Ranks:
         if self.enabled:
             dist.barrier(group=self.ctrl)
 
-    def close(self):
-        if self.enabled and dist.is_initialized():
-            dist.destroy_process_group()
+    def close(self, status=0, clean=True):
+        """Leave the job. After a clean end (every rank passed the same last barrier) the process
+        group is destroyed, within TEARDOWN_S: past that this process prints its stacks and exits
+        with `status` (its results are saved); the exit after it is bounded too (SIGALRM, armed
+        at exit). After a failure the group is left to the OS: destroying it would wait for
+        peers that may still be in a collective (pytorch/torchtitan#1342 does the same)."""
+        if not (self.enabled and dist.is_initialized() and clean):
+            return
+        watchdog = threading.Timer(TEARDOWN_S, self._leave_anyway, args=(status,))
+        watchdog.daemon = True
+        watchdog.start()
+        dist.destroy_process_group()
+        watchdog.cancel()
+
+    def _leave_anyway(self, status):
+        print(f"{PROG}: rank {self.rank}: leaving the job (destroying the process group) took over"
+              f" {TEARDOWN_S} s; training is done and saved, so this process exits now with"
+              f" status {status}. Where it hangs:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(status)
 
     def print_on_main(self, *args, **kwargs):
         """print() on rank 0 only (flushed: the logs of several processes interleave)."""

@@ -64,6 +64,9 @@ def main(argv=None):
     if args.print_launch:
         return print_launch(args, ranks)
     stop = StopRequest().install(ranks)
+    # status: what this process exits with; clean: every rank got here the same way (the process
+    # group may then be destroyed; after a failure on some ranks it is not: Ranks.close).
+    status, clean = 1, False
     try:
         run(args, ranks, stop)
         # Every rank leaves together, once rank 0's last checkpoint and metrics are written:
@@ -71,7 +74,8 @@ def main(argv=None):
         # (pytorch/pytorch#75097, which suggests this barrier). One two-node Slurm test job
         # hung after its last epoch without it (about 1 run in 5; cause not confirmed).
         ranks.barrier()
-        return 0
+        status, clean = 0, True
+        return status
     except UsageError as e:
         if ranks.main or getattr(e, "any_rank", False):
             print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
@@ -86,7 +90,8 @@ def main(argv=None):
     except LaunchError as e:  # on every rank: the one that cannot connect may not be rank 0
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_LAUNCH
-    except Stopped:
-        return EXIT_REQUEUE if stop.requeue else 0
+    except Stopped:  # every rank agreed to stop and passed the barrier after the save
+        status, clean = (EXIT_REQUEUE if stop.requeue else 0), True
+        return status
     finally:
-        ranks.close()
+        ranks.close(status, clean)
