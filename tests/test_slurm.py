@@ -15,6 +15,7 @@ import subprocess
 import tarfile
 import time
 import uuid
+import warnings
 
 import pytest
 from conftest import ROOT, remove_containers
@@ -297,6 +298,9 @@ def test_two_node_job_trains_as_one_and_rank_0_alone_saves(slurm_cluster, run_in
     out = cluster.output(job_id)
     assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", (
         f"job {job_id} should complete: {job}\n{cluster.logs(job_id)}")
+    if "leaving the job (destroying the process group) took over" in out:
+        # The product's bound did its job (the run completes); the hang itself is worth seeing.
+        warnings.warn(f"job {job_id}: a rank's teardown hung and was cut short:\n{out[-4000:]}", stacklevel=1)
     assert job["NumNodes"] == "2" and job["NumTasks"] == "4", f"not 2 nodes x 2 tasks: {job}"
     first = cluster.nodes[0].name
     assert "launch: srun" in out and "rank 0, world size 4, local rank 0 of 2" in out, (
