@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 ARTIFACTS = ROOT / "artifacts"
 # The SSH fixtures (key, the shared sshd) for every file that logs in over SSH.
-pytest_plugins = ("ssh_client",)
+pytest_plugins = ("ssh_client", "slurm_cluster")
 
 
 def require_tool(command, package):
