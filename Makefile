@@ -213,12 +213,16 @@ smoke: ## Run smoke_tests/ inside a container (GPU if present; SMOKE_ARGS=--requ
 generate: ## Write the files that repeat versions.json (compose, devcontainer, Dockerfile ARGs, README)
 	python3 scripts/generate.py
 
-lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, actionlint, schemas, wheels
+# The Python the image runs with the base's python3 (the venv's): vermin reads it for calls newer than
+# the oldest row's Python (3.10 on the default row's base; the stand-in's 3.11 would run them).
+IMAGE_PYTHON = train_amp.py trainamp smoke_tests docker/build $(shell git grep -l '^\#!.*python' -- docker/rootfs)
+lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, vermin, actionlint, schemas, wheels
 	python3 scripts/generate.py --check
 	$(if $(filter 0,$(CHECK_WHEELS)),@echo 'check_wheels: SKIPPED (CHECK_WHEELS=0): no row was checked for wheels on its Python',$(TEST_VENV)/bin/python scripts/check_wheels.py)
 	$(TEST_VENV)/bin/hadolint docker/Dockerfile tests/slurm-node/Dockerfile examples/derived/Dockerfile
 	$(TEST_VENV)/bin/shellcheck -x $(shell git ls-files '*.sh' '*.sbatch' .ci/run docker/rootfs/usr/local/bin)
 	$(TEST_VENV)/bin/ruff check .
+	$(TEST_VENV)/bin/vermin -q --violations --no-tips --eval-annotations -t=$$(python3 scripts/versions.py min-python)- $(IMAGE_PYTHON)
 	$(ACTIONLINT)
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml

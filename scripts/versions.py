@@ -12,6 +12,7 @@ Usage: versions.py get KEY [--row NAME]      print one field of a matrix row (de
        versions.py builds                     print one CI matrix entry per row and platform
                                               (row, platform, arch, the native runner), JSON
        versions.py pypi-as-of                 print versions.json's pypi_as_of (empty: none)
+       versions.py min-python                 print the oldest Python of any row (make lint's vermin)
        versions.py base-image [--row NAME] [--require-digest]
                                               print the base a build uses, base_image@digest
                                               (--require-digest: fail when the digest is
@@ -98,6 +99,8 @@ def main(argv):
         include = [{"row": r["name"], "platform": p, "arch": p.split("/", 1)[1], "runner": RUNNERS[p]}
                    for r in DATA["matrix"] for p in r["platforms"]]
         print(json.dumps({"include": include}, separators=(",", ":")))
+    elif cmd == "min-python":
+        print(min((r["python"] for r in DATA["matrix"]), key=lambda v: tuple(map(int, v.split(".")))))
     elif cmd == "pypi-as-of":
         print(pypi_as_of())
     elif cmd == "base-image":
