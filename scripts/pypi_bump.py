@@ -22,8 +22,6 @@ import sys
 import check_wheels
 import versions
 
-VERSIONS_JSON = pathlib.Path(__file__).resolve().parent.parent / "versions.json"
-
 
 def parse_time(text):
     """An aware UTC datetime from ISO 8601 ('Z' or an offset); a clear error otherwise."""
@@ -68,11 +66,11 @@ def markdown(current, to, per_row):
 
 def write_as_of(to):
     """Set pypi_as_of in versions.json, its one line only (the file's layout and comments stay)."""
-    text = VERSIONS_JSON.read_text()
+    text = versions.PATH.read_text()
     new, n = re.subn(r'^(\s*"pypi_as_of":\s*)"[^"]*"', lambda m: f'{m.group(1)}"{to}"', text, flags=re.MULTILINE)
     if n != 1:
-        raise SystemExit(f"pypi_bump: found {n} pypi_as_of lines in {VERSIONS_JSON}, expected 1")
-    VERSIONS_JSON.write_text(new)
+        raise SystemExit(f"pypi_bump: found {n} pypi_as_of lines in {versions.PATH}, expected 1")
+    versions.PATH.write_text(new)
 
 
 def main(argv):

@@ -27,7 +27,8 @@ import sys
 # emulating arm64 on an x86 runner (QEMU) makes the build many times slower.
 RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
 
-DATA = json.loads((pathlib.Path(__file__).resolve().parent.parent / "versions.json").read_text())
+PATH = pathlib.Path(__file__).resolve().parent.parent / "versions.json"
+DATA = json.loads(PATH.read_text())
 # A row that names no platforms publishes linux/amd64 only (torch's CUDA wheels for aarch64 exist
 # for recent releases only: scripts/check_wheels.py proves each platform a row adds).
 for _r in DATA["matrix"]:
