@@ -8,6 +8,7 @@ import time
 import uuid
 
 import pytest
+from conftest import SLOWDOWN
 from train_amp_helpers import SUMMARY, SYNTH, read_from_container
 
 
@@ -293,7 +294,7 @@ def test_two_srun_tasks_in_two_containers_train_one_job(start_container, docker_
                              entrypoint="", user="12345:12345",
                              environment=srun_env(i, 2, f"{prefix}[0-1]"))
              for i, n in enumerate(names)]
-    codes = [n.wait(timeout=420)["StatusCode"] for n in nodes]
+    codes = [n.wait(timeout=420 * SLOWDOWN)["StatusCode"] for n in nodes]
     logs = [n.logs().decode(errors="replace") for n in nodes]
     for name, code, log in zip(names, codes, logs):
         assert code == 0, f"{name} exited {code}:\n{log[-6000:]}"
@@ -324,10 +325,10 @@ def test_srun_tasks_that_cannot_form_one_job_refuse_to_train(start_container, ra
         del env["SLURM_JOB_NODELIST"]
     c = start_container([*TRAIN, "--dist-timeout", "15"], hostname=host, environment=env, **BARE)
     started = time.monotonic()
-    code = c.wait(timeout=300)["StatusCode"]
+    code = c.wait(timeout=300 * SLOWDOWN)["StatusCode"]
     took = time.monotonic() - started
     out = c.logs().decode(errors="replace")
     assert code == 5, f"expected exit 5 (no job formed), got {code}:\n{out[-6000:]}"
     assert expect in out and "Refusing to train" in out, f"no clear error:\n{out[-6000:]}"
     assert not SUMMARY.search(out) and "steps/epoch" not in out, f"it trained alone:\n{out}"
-    assert took < 150, f"the refusal took {took:.0f} s with --dist-timeout 15"
+    assert took < 150 * SLOWDOWN, f"the refusal took {took:.0f} s with --dist-timeout 15"
