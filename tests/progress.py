@@ -54,10 +54,11 @@ class Progress:
         self.seconds[report.nodeid.split("::", 1)[0]] += report.duration
         self.tests[report.nodeid] += report.duration
         if self.path and report.when == "teardown":
-            files, slow = self.table()
+            files = "".join(f"{s:8.0f} s  {f}\n" for f, s in self.seconds.most_common())
+            slow = "".join(f"{s:8.0f} s  {t}\n" for t, s in self.tests.most_common(25))
             part = pathlib.Path(f"{self.path}.{os.getpid()}.part")
             part.write_text(f"after {time.monotonic() - self.start:.0f} s, the last test: {report.nodeid}\n"
-                            f"seconds per file so far: {files}\nslowest tests so far: {slow}\n")
+                            f"seconds per file so far:\n{files}the 25 slowest tests so far:\n{slow}")
             part.replace(self.path)
 
 
