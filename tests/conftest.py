@@ -347,6 +347,14 @@ def version_row():
     return next(r for r in VERSIONS["matrix"] if r["name"] == name)
 
 
+# The image as pyxis, Kubernetes `command:` and Apptainer run it: no entrypoint, a UID with no
+# passwd entry (HOME=/), a read-only root filesystem with only /tmp writable (run kwargs).
+BARE = {"entrypoint": "", "user": "12345:12345", "read_only": True, "tmpfs": {"/tmp": ""}}
+# Docker's --tmpfs /tmp is noexec, where no compiled kernel can be loaded; pyxis (the host's
+# /tmp) and a Kubernetes emptyDir allow exec. Tests of torch.compile use /tmp:exec.
+BARE_EXEC = {**BARE, "tmpfs": {"/tmp": "exec"}}
+
+
 # Tests that stand for a host user by making a host folder owned by another UID (os.chown) or
 # left to root: only a root test runner can make those.
 needs_root = pytest.mark.skipif(
