@@ -78,7 +78,7 @@ class Host:
 
     def docker(self, *args, timeout=DOCKER_TIMEOUT):
         try:
-            r = subprocess.run([self.o.docker, *args], capture_output=True, text=True,
+            r = subprocess.run([self.o.docker, *args], capture_output=True, text=True, errors="replace",
                                timeout=timeout, check=False)
         except FileNotFoundError:
             return 127, "", f"{self.o.docker}: not found"
@@ -142,7 +142,8 @@ class Host:
         for fields in ("driver_version,name,compute_cap,mig.mode.current", "driver_version,name"):
             try:
                 r = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader"],
-                                   capture_output=True, text=True, timeout=DOCKER_TIMEOUT, check=False)
+                                   capture_output=True, text=True, errors="replace", timeout=DOCKER_TIMEOUT,
+                                   check=False)  # errors: a name in another encoding is no reason to stop
             except (OSError, subprocess.TimeoutExpired) as e:
                 return 1, "", str(e)
             if r.returncode == 0:
@@ -152,7 +153,7 @@ class Host:
     def nvidia_smi_list(self):
         """`nvidia-smi -L`: the GPUs and their MIG devices."""
         try:
-            return subprocess.run([self.o.nvidia_smi, "-L"], capture_output=True, text=True,
+            return subprocess.run([self.o.nvidia_smi, "-L"], capture_output=True, text=True, errors="replace",
                                   timeout=DOCKER_TIMEOUT, check=False).stdout
         except (OSError, subprocess.TimeoutExpired):
             return ""
