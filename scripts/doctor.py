@@ -39,6 +39,7 @@ import urllib.request
 
 import build_info
 import doctor_gpu
+import doctor_inputs
 import host_setup
 import versions
 from doctor_ports import check_container, check_ports, container_name
@@ -498,8 +499,10 @@ def doctor(h, o, row):
 
 def preflight(h, o, row):
     """What would make `make <target>` fail; fast (no container is started)."""
-    rows = check_docker(h)
-    if rows[0].status != OK:
+    rows = doctor_inputs.check_reference(o.image) + check_docker(h)
+    if o.target == "run":  # make exports what was typed on its command line: the value make run uses
+        rows += doctor_inputs.check_stop_timeout(os.environ.get("STOP_TIMEOUT"))
+    if any(r.check == "docker" and r.status != OK for r in rows):
         return rows
     # --pull-first (REGISTRY set): a missing image is pulled; make build checks for itself only
     # if the registry has none (scripts/pull.py), so the base does not matter yet.
