@@ -15,7 +15,7 @@ VERSION_LABEL = "org.opencontainers.image.version"
 
 def agrees(said, label):
     """'3.11' agrees with 3.11 and 3.11.7; '2.6.0' with 2.6.0 and 2.6.0+cu124; '9' with 9.1.0.70."""
-    return label == said or label.startswith(said + ".") or label.startswith(said + "+")
+    return label == said or label.startswith((said + ".", said + "+"))
 
 
 def contradiction(tag, labels):
@@ -26,7 +26,7 @@ def contradiction(tag, labels):
     if not m:
         return None
     version = labels.get(VERSION_LABEL)
-    base = tag[:-len("-zstd")] if tag.endswith("-zstd") else tag
+    base = tag.removesuffix("-zstd")
     if version is not None and version != base:
         return f"{VERSION_LABEL}={version!r}, but the tag {tag} says {base}"
     for field, label in LABELS.items():

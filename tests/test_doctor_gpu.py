@@ -101,7 +101,7 @@ def test_compute_capability_na_says_what_it_means_not_an_old_driver(host):
     """A vGPU guest's nvidia-smi answers [N/A] for compute_cap on a 535 driver: say that the driver
     does not expose it for this device and how to find it, not "driver 535 < 510?"."""
     gpus(host, "535.104.05, GRID A100-40C, [N/A], Disabled")
-    rc, out = host.run()
+    _, out = host.run()
     s, row = status(out, "gpu flavour")
     assert s == "SKIP" and "reports the compute capability as [N/A]" in row, out
     assert "does not expose it for this device" in row and "get_device_capability" in row, row
@@ -114,7 +114,7 @@ def test_nvidia_smi_printing_bytes_that_are_not_utf8_still_gives_the_report(host
     name as far as it decodes, instead of a UnicodeDecodeError and no report at all."""
     (host.dir / "gpus.csv").write_bytes(b"550.54.15, NVIDIA H100 80GB HBM3 \xff\xfe, 9.0, Disabled\n")
     (host.dir / "list.txt").write_bytes(b"GPU 0: NVIDIA H100 \xff (UUID: GPU-1)\n")
-    rc, out = host.run()
+    _, out = host.run()
     assert status(out, "driver")[0] == "OK", out
     s, row = status(out, "gpu flavour")
     assert s == "OK" and "NVIDIA H100 80GB HBM3" in row, out
