@@ -48,7 +48,7 @@ class Registry(http.server.ThreadingHTTPServer):
         return f"{self.server_address[0]}:{self.server_address[1]}"
 
     def start(self):
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def handle_error(self, request, client_address):
