@@ -240,6 +240,17 @@ def test_an_http_registry_on_a_lan_address_not_listed_insecure_says_what_docker_
     assert {scheme for scheme, _ in reg.requests} <= {"http"} and docker.tagged() is None
 
 
+def test_a_lan_registry_with_an_untrusted_certificate_names_where_docker_trusts_one(fake_registry, docker,
+                                                                                      tmp_path):
+    """A self-signed registry on the LAN that Docker does not count as insecure: Docker refuses
+    the certificate, and so does make pull, naming /etc/docker/certs.d/HOST/ca.crt."""
+    address = lan_address()
+    reg = fake_registry(host=address, cert=registry_fakes.self_signed(tmp_path, address))
+    result = make("pull", *typed({}, reg.address), docker=docker)
+    one_error(result, f"the registry {reg.address}'s certificate is not trusted")
+    assert f"/etc/docker/certs.d/{reg.address}/ca.crt" in errors(result)[0], result.stderr
+
+
 # ---------------------------------------------------------------- labels against the tag
 
 GOOD_TAG = "2.6.0-cuda12.4-cudnn9-py3.11-runtime"
