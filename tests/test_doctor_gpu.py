@@ -96,6 +96,30 @@ def test_driver_without_compute_cap_is_skipped_not_crashed(host):
     assert status(out, "driver")[0] == "FAIL" and "470.57.02" in status(out, "driver")[1], out
 
 
+@pytest.mark.host
+def test_compute_capability_na_says_what_it_means_not_an_old_driver(host):
+    """A vGPU guest's nvidia-smi answers [N/A] for compute_cap on a 535 driver: say that the driver
+    does not expose it for this device and how to find it, not "driver 535 < 510?"."""
+    gpus(host, "535.104.05, GRID A100-40C, [N/A], Disabled")
+    _, out = host.run()
+    s, row = status(out, "gpu flavour")
+    assert s == "SKIP" and "reports the compute capability as [N/A]" in row, out
+    assert "does not expose it for this device" in row and "get_device_capability" in row, row
+    assert "< 510" not in row, row
+
+
+@pytest.mark.host
+def test_nvidia_smi_printing_bytes_that_are_not_utf8_still_gives_the_report(host):
+    """A GPU name in another encoding (bytes that are not UTF-8): the report is printed, with the
+    name as far as it decodes, instead of a UnicodeDecodeError and no report at all."""
+    (host.dir / "gpus.csv").write_bytes(b"550.54.15, NVIDIA H100 80GB HBM3 \xff\xfe, 9.0, Disabled\n")
+    (host.dir / "list.txt").write_bytes(b"GPU 0: NVIDIA H100 \xff (UUID: GPU-1)\n")
+    _, out = host.run()
+    assert status(out, "driver")[0] == "OK", out
+    s, row = status(out, "gpu flavour")
+    assert s == "OK" and "NVIDIA H100 80GB HBM3" in row, out
+
+
 @pytest.mark.parametrize("cc,kernels,ok", [
     ("8.9", ["sm_80", "sm_86"], True),        # same major, lower minor
     ("8.0", ["sm_86"], False),                # higher minor does not run
