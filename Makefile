@@ -89,7 +89,9 @@ BUILD       ?=## 1: make run/shell/smoke build REF even when REGISTRY publishes 
 DIGEST      ?=## sha256:... that make pull requires the tag to name (a pin you trust)
 SIGNER_IDENTITY ?=## cosign certificate identity make pull requires (empty: signature not checked, and it says so)
 SIGNER_ISSUER ?= https://token.actions.githubusercontent.com## the OIDC issuer of SIGNER_IDENTITY's certificate
-PULLS       = $(and $(REGISTRY),$(filter-out 1,$(BUILD)))
+# 1 when make run/shell/smoke pull REF first: REGISTRY set and BUILD not 1. ($(filter-out 1,) of an
+# unset BUILD is empty, so it cannot be the "true" of an $(and): that stopped every pull at the pre-flight.)
+PULLS       = $(if $(REGISTRY),$(if $(filter 1,$(BUILD)),,1))
 PULL_OPTS   = --docker '$(DOCKER)' --ref '$(REF)' $(if $(DIGEST),--digest '$(DIGEST)') \
   $(if $(SIGNER_IDENTITY),--identity '$(SIGNER_IDENTITY)' --issuer '$(SIGNER_ISSUER)')
 ensure_image = $(if $(filter 1,$(BUILD)),$(MAKE) build,$(if $(REGISTRY),python3 scripts/pull.py ensure $(PULL_OPTS) \
@@ -113,7 +115,7 @@ help: ## Show this help: targets (everyday first), variables, the current image 
 	@echo; echo "Current: REF=$(REF) REGISTRY=$(or $(REGISTRY),(none: local only)) BASE_IMAGE=$(BASE_IMAGE)"
 .PHONY: doctor stop logs ssh
 doctor: ## Check this host (Docker, BuildKit, GPU, disk, base, ports): what is fine, what to fix
-	@python3 scripts/doctor.py doctor $(DOCTOR_OPTS)
+	@python3 scripts/doctor.py doctor $(DOCTOR_OPTS)$(if $(PULLS), --pull-first)
 
 build: ## Build the runtime image as REF (IMAGE:TAG, with REGISTRY/ in front when set)
 	@$(call preflight,build)

@@ -438,6 +438,14 @@ def check_base(h, image, base, target, image_suffices=False):
     return [Row(FAIL, "base image", finding, standin_fix(h, target))]
 
 
+def check_pull(h, o):
+    """REGISTRY set: the image is here, or make run pulls it (the base is not needed)."""
+    if h.image_present(o.image):
+        return [Row(OK, "image", f"{short(o.image)} is here (make pull fetches a newer one)")]
+    return [Row(OK, "image", f"{short(o.image)} is not here: make run pulls it from the registry "
+                "(no build base needed; BUILD=1 builds it here instead)")]
+
+
 def check_shm(_h):
     return [Row(OK, "/dev/shm", "make run, shell and smoke pass --shm-size=8g (Docker's default, "
                 "64 MiB, starves DataLoader workers; plain docker run: --shm-size=8g or --ipc=host)")]
@@ -487,7 +495,12 @@ def doctor(h, o, row):
     if docker_ok:
         rows += check_gpu_container(h, o.image)
         rows += check_disk(h, o.image)
-        rows += check_base(h, o.image, o.base, "run", image_suffices=True)
+        # REGISTRY set (--pull-first): make run pulls a missing image, so the build base is
+        # no concern of a team member's (make build checks it itself, when it builds).
+        if o.pull_first:
+            rows += check_pull(h, o)
+        else:
+            rows += check_base(h, o.image, o.base, "run", image_suffices=True)
     rows += check_ports(h, o.ports, o.container, strict=False)
     if docker_ok:
         rows += check_container(h, o.container, strict=False)
@@ -533,7 +546,7 @@ def parse(argv):
     p.add_argument("--port", dest="ports", action="append", type=port_arg,
                    help="VAR=PORT that make run publishes (repeat)")
     p.add_argument("--pull-first", action="store_true",
-                   help="preflight --for run: a missing image is pulled from REGISTRY, not built")
+                   help="REGISTRY set: a missing image is pulled from REGISTRY, not built")
     p.add_argument("--registry-probe", default=None)
     p.add_argument("--infiniband", default="/sys/class/infiniband")
     p.add_argument("--memlock", default=None)
