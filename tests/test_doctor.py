@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -502,7 +503,8 @@ def make(host, *args, env=None, timeout=60):
 def test_make_run_with_namespaced_image_and_no_user(host):
     """`make run IMAGE=ml/team-dl` with USER unset: a valid --name, never `ml/team-dl-`."""
     r = make(host, "-n", "run", "IMAGE=ml/team-dl", env={"USER": None})
-    names = re.findall(r"--name (\S+)", r.stdout)
+    words = shlex.split(r.stdout.replace("\\\n", " "))  # as the shell reads it (values are quoted)
+    names = [words[i + 1] for i, w in enumerate(words) if w == "--name"]
     assert names == [f"ml-team-dl-{account()}"], r.stdout + r.stderr
 
 
