@@ -24,8 +24,13 @@ ROW ?=## versions.json row to build, e.g. 2.15.0-cuda13.2; empty = its default r
 ROW_ARG      = $(if $(ROW),--row $(call q,$(ROW)))
 $(foreach v,$(shell python3 scripts/build_info.py make-vars $(ROW_ARG) $(if $(PYTHON_VERSION),--python $(call q,$(PYTHON_VERSION)))),$(eval $(v)))
 
+# Said once: make run/pull REGISTRY=... remembers it in LOCAL_MK (untracked, read here before the
+# defaults), so a later bare make shell/smoke/doctor/... pulls from the same registry instead of
+# building. Why a file, not the environment or .env: scripts/local_config.py. REGISTRY= forgets it.
+LOCAL_MK    ?= local.mk## where make run/pull remember a REGISTRY given to them (make's syntax; untracked)
+-include $(LOCAL_MK)
 IMAGE       ?= team-dl## image name (without registry)
-REGISTRY    ?=## e.g. ghcr.io/acme; empty = local only
+REGISTRY    ?=## e.g. ghcr.io/acme; empty = local only (make run/pull REGISTRY=... remember it in LOCAL_MK)
 BASE_IMAGE  ?= $(V_BASE_IMAGE_REF)## nvidia/cuda base pinned by digest (versions.json), or the stand-in (make base-standin)
 PYTHON_VERSION ?= $(V_PYTHON)## must match the base's python3 (3.11 for the Debian stand-in)
 TAG         ?= $(V_TAG)## immutable descriptive tag (scripts/build_info.py)
@@ -105,7 +110,15 @@ PULLS       = $(if $(REGISTRY),$(if $(filter 1,$(BUILD)),,1))
 PULL_OPTS   = --docker $(call q,$(DOCKER)) --ref $(call q,$(REF)) $(if $(DIGEST),--digest $(call q,$(DIGEST))) \
   $(if $(SIGNER_IDENTITY),--identity $(call q,$(SIGNER_IDENTITY)) --issuer $(call q,$(SIGNER_ISSUER)))
 ensure_image = $(if $(filter 1,$(BUILD)),$(MAKE) build,$(if $(REGISTRY),python3 scripts/pull.py ensure $(PULL_OPTS) \
-  || { [ $$? = 3 ] && $(MAKE) build; },$(call q,$(DOCKER)) image inspect $(call q,$(REF)) >/dev/null 2>&1 || $(MAKE) build))
+  || { [ $$? = 3 ] && $(MAKE) build; },$(call q,$(DOCKER)) image inspect $(call q,$(REF)) >/dev/null 2>&1 \
+  || { printf '%s\n' $(call q,$(NO_REGISTRY_BUILD)) >&2; $(MAKE) build; }))
+# Said before a build nobody asked for by name: a 20-minute, 17 GB surprise otherwise.
+NO_REGISTRY_BUILD = make: $(REF) is not here and REGISTRY is not set (nothing to pull from), so it is built \
+  here now: about 20 minutes and 17 GB of disk the first time. With a team registry, stop (Ctrl-C) and \
+  run make run REGISTRY=<registry> once: it is remembered and every target pulls from it.
+# make run/pull REGISTRY=...: keep it in LOCAL_MK for the targets that follow (not under make -n).
+remember = $(if $(filter command line,$(origin REGISTRY)),@python3 scripts/local_config.py remember \
+  --file $(call q,$(LOCAL_MK)) REGISTRY $(call q,$(REGISTRY)))
 
 # make help shows each variable's value as this make would use it (defaults evaluated).
 HELP_VARS = $(shell awk '/^[A-Z][A-Z0-9_]* *[?]=.*\#\# /{print $$1}' $(MAKEFILE_LIST))
@@ -138,6 +151,7 @@ build: ## Build the runtime image as REF (IMAGE:TAG, with REGISTRY/ in front whe
 	  -t $(call q,$(REF)) .
 
 pull: ## Fetch REF from REGISTRY and check it is what the tag names (digest; SIGNER_IDENTITY: signature)
+	$(remember)
 	@$(if $(REGISTRY),:,false) || { echo 'ERROR: make pull needs REGISTRY, e.g. make pull REGISTRY=ghcr.io/acme' >&2; exit 2; }
 	@python3 scripts/pull.py pull $(PULL_OPTS)
 
@@ -145,6 +159,7 @@ pull: ## Fetch REF from REGISTRY and check it is what the tag names (digest; SIG
 # -e PUBLIC_KEY unless .env or your environment sets one, and prints the ssh line to use (or how
 # to add a key): sshd starts only with a key, so without this "SSH on 2222" would be untrue.
 run: ## Start the container (pulls or builds REF first if needed): JupyterLab on 8888, SSH on 2222 with your key
+	$(remember)
 	@$(call preflight,run)
 	@$(ensure_image)
 	python3 scripts/ssh_key.py run --port $(call q,$(PORT_SSH)) $(if $(wildcard .env),--env-file .env) -- \
