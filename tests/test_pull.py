@@ -363,9 +363,10 @@ def test_make_run_with_a_registry_pulls_and_starts_with_no_build_base_here(publi
     try:
         result = make("run", f"REGISTRY={registry}", f"IMAGE={NAME}", f"TAG={tag}", f"CONTAINER={name}",
                       f"BASE_IMAGE=127.0.0.1:{closed_port()}/no-such-base:1", f"PORT_JUPYTER={closed_port()}",
-                      f"PORT_SSH={closed_port()}")
+                      f"PORT_SSH={closed_port()}", "DETACH=0")
         out = result.stdout + result.stderr
         assert result.returncode == 0 and "tini version" in out, f"make run did not pull and start:\n{out}"
         assert not gone(docker_client, f"{registry}/{NAME}:{tag}"), "make run did not pull the image"
     finally:
         subprocess.run(["/usr/bin/docker", "rm", "-f", name], capture_output=True, check=False)
+        subprocess.run(["/usr/bin/docker", "volume", "rm", f"{name}-ssh-hostkeys"], capture_output=True, check=False)
