@@ -55,7 +55,10 @@ if args[:2] == ["image", "inspect"]:
         out("sha256:fake\n")
     out("[]\n", 1, "Error: No such image: " + args[-1] + "\n")
 if args[:2] == ["container", "inspect"]:
-    out("[{}]\n" if args[-1] in names else "[]\n", 0 if args[-1] in names else 1)
+    out(json.dumps([{"State": {"Running": True, "ExitCode": 0}, "Config": {"StopTimeout": 30}}]) + "\n"
+        if args[-1] in names else "[]\n", 0 if args[-1] in names else 1)
+if args[0] == "wait":
+    out("0\n")
 if args[0] == "ps":
     out("".join(json.dumps(c) + "\n" for c in state["containers"]))
 if args[0] == "run":
@@ -534,7 +537,7 @@ def test_make_stop_and_logs(host):
     assert r.returncode == 0 and "==> READY" in r.stdout, r.stdout + r.stderr
     r = make(host, "stop", f"CONTAINER={CONTAINER}")
     assert r.returncode == 0 and f"stopped {CONTAINER}" in r.stdout, r.stdout + r.stderr
-    assert ["stop", "-t", "30", CONTAINER] in host.calls(), f"make stop gives STOP_TIMEOUT: {host.calls()}"
+    assert ["stop", "-t", "30", CONTAINER] in host.calls(), f"make stop gives its stop timeout: {host.calls()}"
 
 
 def test_make_doctor_exits_with_the_status_the_readme_gives(host):

@@ -56,7 +56,7 @@ def env_without_agent(home, **extra):
 def make_run(home, *args, **env):
     """`make run` with the fake docker next to `home`: (exit code, stdout, stderr)."""
     r = subprocess.run(["make", "--no-print-directory", "run", "PREFLIGHT=0", f"DOCKER={home.parent / 'docker'}",
-                        "IMAGE=team-dl-fake", *args],
+                        "IMAGE=team-dl-fake", "DETACH=0", *args],
                        check=False, cwd=ROOT, env=env_without_agent(home, **env), capture_output=True, text=True, timeout=60)
     return r.returncode, r.stdout, r.stderr
 
