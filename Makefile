@@ -103,7 +103,8 @@ GPU_FLAGS   = $(shell $(call q,$(DOCKER)) info --format '{{json .Runtimes}}' 2>/
 # What make run/build would use, for scripts/doctor.py: `make doctor` checks all of it; run and
 # build first check what would stop them, to name the cause and fix before Docker's own error.
 DOCTOR_OPTS = --docker $(call q,$(DOCKER)) --image $(call q,$(REF)) --base $(call q,$(BASE_IMAGE)) $(ROW_ARG) \
-  --container $(call q,$(CONTAINER)) --port $(call q,PORT_JUPYTER=$(PORT_JUPYTER)) --port $(call q,PORT_SSH=$(PORT_SSH))
+  --container $(call q,$(CONTAINER)) --port $(call q,PORT_JUPYTER=$(PORT_JUPYTER)) --port $(call q,PORT_SSH=$(PORT_SSH)) \
+  --workspace $(call q,$(WORKSPACE))
 preflight   = $(if $(filter 0,$(PREFLIGHT)),,python3 scripts/doctor.py preflight --for $(1) $(DOCTOR_OPTS)$(if $(PULLS), --pull-first))
 
 # Pull first (docs/distributing.md): with REGISTRY set, make run/shell/smoke use the local REF, else

@@ -39,6 +39,7 @@ import urllib.request
 
 import build_info
 import doctor_gpu
+import doctor_team
 import host_setup
 import versions
 from doctor_ports import check_container, check_ports, container_name
@@ -438,14 +439,6 @@ def check_base(h, image, base, target, image_suffices=False):
     return [Row(FAIL, "base image", finding, standin_fix(h, target))]
 
 
-def check_pull(h, o):
-    """REGISTRY set: the image is here, or make run pulls it (the base is not needed)."""
-    if h.image_present(o.image):
-        return [Row(OK, "image", f"{short(o.image)} is here (make pull fetches a newer one)")]
-    return [Row(OK, "image", f"{short(o.image)} is not here: make run pulls it from the registry "
-                "(no build base needed; BUILD=1 builds it here instead)")]
-
-
 def check_shm(_h):
     return [Row(OK, "/dev/shm", "make run, shell and smoke pass --shm-size=8g (Docker's default, "
                 "64 MiB, starves DataLoader workers; plain docker run: --shm-size=8g or --ipc=host)")]
@@ -498,7 +491,7 @@ def doctor(h, o, row):
         # REGISTRY set (--pull-first): make run pulls a missing image, so the build base is
         # no concern of a team member's (make build checks it itself, when it builds).
         if o.pull_first:
-            rows += check_pull(h, o)
+            rows += doctor_team.team_rows(h, o)
         else:
             rows += check_base(h, o.image, o.base, "run", image_suffices=True)
     rows += check_ports(h, o.ports, o.container, strict=False)
@@ -519,6 +512,8 @@ def preflight(h, o, row):
     if o.target == "run":
         rows += check_container(h, o.container, strict=True)
         rows += check_ports(h, o.ports, o.container, strict=True)
+        # Before the pull and the start: the entrypoint would say it only after both.
+        rows += doctor_team.check_workspace(o.workspace, strict=True)
     if building:
         rows += check_buildkit(h) + check_base(h, o.image, o.base, o.target)
     return rows
@@ -548,6 +543,7 @@ def parse(argv):
     p.add_argument("--pull-first", action="store_true",
                    help="REGISTRY set: a missing image is pulled from REGISTRY, not built")
     p.add_argument("--registry-probe", default=None)
+    p.add_argument("--workspace", default=None, help="WORKSPACE: the host folder make run mounts on /workspace")
     p.add_argument("--infiniband", default="/sys/class/infiniband")
     p.add_argument("--memlock", default=None)
     p.add_argument("--disk-need-gb", type=float, default=None)

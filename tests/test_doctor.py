@@ -101,6 +101,12 @@ class FakeHost:
             (self.tools / tool).write_text("#!/bin/sh\nexit 0\n")
             (self.tools / tool).chmod(0o755)
         self.ports = [free_port(), free_port()]
+        # make run's WORKSPACE, writable by the container's user (UID 1000; a root-owned one is a
+        # FAIL of its own: tests/test_doctor_team.py).
+        self.workspace = tmp_path / "workspace"
+        self.workspace.mkdir()
+        if os.geteuid() == 0:
+            os.chown(self.workspace, 1000, 1000)
         # A good GPU host: Docker 24 with buildx and the NVIDIA runtime, image and base here.
         self.state = {
             "client": "24.0.7",
@@ -134,7 +140,7 @@ class FakeHost:
                 "--image", image, "--base", base, "--container", container,
                 "--port", f"PORT_JUPYTER={self.ports[0]}", "--port", f"PORT_SSH={self.ports[1]}",
                 "--registry-probe", probe or closed_port_url(), "--infiniband", str(self.ib),
-                "--tools-path", str(self.tools),
+                "--tools-path", str(self.tools), "--workspace", str(self.workspace),
                 "--disk-need-gb", str(disk_gb), *extra]
         # python3 -S: no site-packages, so this also proves the script needs the stdlib only.
         r = subprocess.run(["python3", "-S", str(ROOT / "scripts" / "doctor.py"), *args],

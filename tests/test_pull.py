@@ -355,15 +355,18 @@ def test_run_preflight_with_a_registry_does_not_ask_for_the_base(tmp_path):
     assert pulls.returncode == 0, f"preflight stopped a pulling make run:\n{pulls.stdout}{pulls.stderr}"
 
 
-def test_make_run_with_a_registry_pulls_and_starts_with_no_build_base_here(publish, docker_client):
+def test_make_run_with_a_registry_pulls_and_starts_with_no_build_base_here(publish, docker_client, tmp_path):
     """make run REGISTRY=... on a host without the build base (an unreachable one here) and without
     the image: the pre-flight lets it through, make run pulls the published tag and starts it."""
     registry, tag, _ = publish()
     name = f"{NAME}-run-{uuid.uuid4().hex[:6]}"
+    workspace = tmp_path / "workspace"  # the container's user's (a root-owned one stops make run)
+    workspace.mkdir()
+    os.chown(workspace, 1000, 1000)
     try:
         result = make("run", f"REGISTRY={registry}", f"IMAGE={NAME}", f"TAG={tag}", f"CONTAINER={name}",
                       f"BASE_IMAGE=127.0.0.1:{closed_port()}/no-such-base:1", f"PORT_JUPYTER={closed_port()}",
-                      f"PORT_SSH={closed_port()}", "DETACH=0")
+                      f"PORT_SSH={closed_port()}", "DETACH=0", f"WORKSPACE={workspace}")
         out = result.stdout + result.stderr
         assert result.returncode == 0 and "tini version" in out, f"make run did not pull and start:\n{out}"
         assert not gone(docker_client, f"{registry}/{NAME}:{tag}"), "make run did not pull the image"
