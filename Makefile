@@ -91,6 +91,18 @@ MIRROR_SECRETS = $(foreach v,$(MIRROR_VARS),$(if $($(v)),--secret id=$(v)$(,)env
 STANDIN_IMAGE := $(shell python3 scripts/versions.py standin image)
 BASE_CUDA   ?= $(if $(filter $(STANDIN_IMAGE) $(STANDIN_IMAGE)-arm64,$(BASE_IMAGE)),$(shell python3 scripts/versions.py get cuda_full),$(V_CUDA))## CUDA_VERSION the build expects of the base (the stand-in: the default row's, for every row)
 
+# A team member's pulls follow the row's moving tag (2.6 for the default row), which the weekly
+# security rebuild moves (docs/support.md); the descriptive TAG never moves, so a member on it never
+# got a rebuild. Only for the team member's targets, with REGISTRY set, BUILD not 1 and no TAG
+# given: build, push, test and the rest keep the descriptive tag they publish.
+TEAM_GOALS  := run shell smoke pull doctor
+ifeq ($(origin TAG)$(if $(REGISTRY),,no)$(filter 1,$(BUILD)),file)
+ifneq ($(MAKECMDGOALS),)
+ifeq ($(filter-out $(TEAM_GOALS),$(MAKECMDGOALS)),)
+TAG         := $(firstword $(shell python3 scripts/build_info.py moving-tags $(ROW_ARG)) $(TAG))
+endif
+endif
+endif
 REF         := $(if $(REGISTRY),$(REGISTRY)/)$(IMAGE):$(TAG)
 DOCKER      ?= /usr/bin/docker## the Docker client (Debian's 20.10 does BuildKit without buildx)
 # The Debian 20.10 client does BuildKit without buildx; a newer client needs buildx.
@@ -121,8 +133,12 @@ PULLS       = $(if $(REGISTRY),$(if $(filter 1,$(BUILD)),,1))
 PULL_OPTS   = --docker $(call q,$(DOCKER)) --ref $(call q,$(REF)) $(if $(DIGEST),--digest $(call q,$(DIGEST))) \
   $(if $(SIGNER_IDENTITY),--identity $(call q,$(SIGNER_IDENTITY)) --issuer $(call q,$(SIGNER_ISSUER)))
 ensure_image = $(if $(filter 1,$(BUILD)),$(MAKE) build,$(if $(REGISTRY),python3 scripts/pull.py ensure $(PULL_OPTS) \
-  || { [ $$? = 3 ] && $(MAKE) build; },$(call q,$(DOCKER)) image inspect $(call q,$(REF)) >/dev/null 2>&1 \
+  || { [ $$? = 3 ] && $(MAKE) build $(call qm,TAG=$(TAG)); },$(call q,$(DOCKER)) image inspect $(call q,$(REF)) >/dev/null 2>&1 \
   || { printf '%s\n' $(call q,$(NO_REGISTRY_BUILD)) >&2; $(MAKE) build; }))
+# make run with REGISTRY: one line when the registry publishes a newer image for the tag than the
+# one here (a few seconds at most; silent when the registry is slow or away). Not taken by itself:
+# a multi-GB download at a start nobody asked for, under a running team's feet; make pull takes it.
+update_notice = $(if $(PULLS),@python3 scripts/update_check.py newer --docker $(call q,$(DOCKER)) --ref $(call q,$(REF)))
 # Said before a build nobody asked for by name: a 20-minute, 17 GB surprise otherwise.
 NO_REGISTRY_BUILD = make: $(REF) is not here and REGISTRY is not set (nothing to pull from), so it is built \
   here now: about 20 minutes and 17 GB of disk the first time. With a team registry, stop (Ctrl-C) and \
@@ -165,6 +181,7 @@ pull: ## Fetch REF from REGISTRY and check it is what the tag names (digest; SIG
 	$(remember)
 	@$(if $(REGISTRY),:,false) || { echo 'ERROR: make pull needs REGISTRY, e.g. make pull REGISTRY=ghcr.io/acme' >&2; exit 2; }
 	@python3 scripts/pull.py pull $(PULL_OPTS)
+	@python3 scripts/update_check.py running --docker $(call q,$(DOCKER)) --ref $(call q,$(REF)) --container $(call q,$(CONTAINER))
 
 # scripts/ssh_key.py hands docker your public key (~/.ssh/*.pub or the ssh-agent's) as
 # -e PUBLIC_KEY unless .env or your environment sets one, and prints the ssh line to use (or how
@@ -174,6 +191,7 @@ run: ## Start the container (pulls or builds REF first if needed): JupyterLab on
 	@$(call preflight,run)
 	@[ -d $(call q,$(WORKSPACE)) ] || { printf 'ERROR: WORKSPACE=%s is not a folder here: mkdir -p it first (Docker would make it, owned by root)\n' $(call q,$(WORKSPACE)) >&2; exit 2; }
 	@$(ensure_image)
+	$(update_notice)
 	python3 scripts/ssh_key.py run --port $(call q,$(PORT_SSH)) $(if $(wildcard .env),--env-file .env) -- \
 	  $(call q,$(DOCKER)) run $(if $(filter 0,$(DETACH)),--rm $(if $(shell [ -t 0 ] && echo y),-it),-d) \
 	  --name $(call q,$(CONTAINER)) $(GPU_FLAGS) --shm-size=8g -v $(call q,$(WORKSPACE):/workspace) \

@@ -348,7 +348,9 @@ def test_run_preflight_with_a_registry_does_not_ask_for_the_base(tmp_path):
     missing base (make build checks that itself, if the registry has none)."""
     args = ["python3", "scripts/doctor.py", "preflight", "--for", "run", "--image", f"{NAME}:absent",
             "--base", "team-dl-no-such-base:1", "--registry-probe", "http://127.0.0.1:9/v2/",
-            "--port", f"PORT_JUPYTER={closed_port()}", "--port", f"PORT_SSH={closed_port()}"]
+            "--port", f"PORT_JUPYTER={closed_port()}", "--port", f"PORT_SSH={closed_port()}",
+            "--workspace", str(tmp_path)]
+    os.chown(tmp_path, 1000, 1000)  # the container's user's WORKSPACE (a root-owned one is a FAIL of its own)
     plain = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
     assert plain.returncode != 0 and "base image" in plain.stdout + plain.stderr, plain.stdout
     pulls = subprocess.run([*args, "--pull-first"], cwd=ROOT, capture_output=True, text=True, check=False)
