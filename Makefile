@@ -51,6 +51,7 @@ DETACH      ?= 1## 1: make run starts the container in the background and return
 HOSTKEYS_VOLUME ?= $(CONTAINER)-ssh-hostkeys## named volume keeping make run's SSH host keys across restarts; empty: new keys each start
 STOP_TIMEOUT ?= 30## seconds make run's container gets to stop (jobs in tmux/terminals get all but the last 3 to checkpoint); make stop uses the container's own unless given
 PREFLIGHT   ?= 1## 0: make run/build skip their host checks (scripts/doctor.py preflight)
+MAINTAINER  ?=## 1: make doctor also checks what make test needs (its test tools row)
 CHECK_WHEELS ?= 1## 0: make lint skips the wheel check (scripts/check_wheels.py asks PyPI) and says so
 LOGS_ARGS   ?=## docker logs flags for make logs, e.g. -f (follow) or --tail 50
 PYTEST_ARGS ?=## extra pytest flags, e.g. -x -k ssh
@@ -165,7 +166,7 @@ help: ## Show this help: targets (everyday first), variables, the current image 
 	@echo; printf 'Current: REF=%s REGISTRY=%s BASE_IMAGE=%s\n' $(call q,$(REF)) $(call q,$(or $(REGISTRY),(none: local only))) $(call q,$(BASE_IMAGE))
 .PHONY: doctor stop logs ssh
 doctor: ## Check this host (Docker, BuildKit, GPU, disk, base, ports): what is fine, what to fix
-	@python3 scripts/doctor.py doctor $(DOCTOR_OPTS)$(if $(PULLS), --pull-first)
+	@python3 scripts/doctor.py doctor $(DOCTOR_OPTS)$(if $(PULLS), --pull-first)$(if $(filter 1,$(MAINTAINER)), --maintainer)
 
 build: ## Build the runtime image as REF (IMAGE:TAG, with REGISTRY/ in front when set)
 	@$(call preflight,build)

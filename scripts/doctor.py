@@ -20,7 +20,8 @@ Every outside probe can be pointed elsewhere (tests/test_doctor.py drives each c
   --infiniband DIR                     instead of /sys/class/infiniband
   --memlock KIB|unlimited              instead of this process's RLIMIT_MEMLOCK
   --disk-need-gb GB                    instead of BUILD_DISK_BYTES
-  --tools-path PATH                    where the test tools are looked for (scripts/host_setup.py)
+  --tools-path PATH                    where the test tools are looked for (scripts/host_setup.py;
+                                       the row shows with --maintainer: make doctor MAINTAINER=1)
 """
 import argparse
 import json
@@ -498,7 +499,8 @@ def doctor(h, o, row):
     if docker_ok:
         rows += check_container(h, o.container, strict=False)
     rows += check_shm(h) + check_memlock(h)
-    return rows + check_test_tools(o)
+    # make test's tools are maintainer business: noise on a team member's screen.
+    return rows + (check_test_tools(o) if o.maintainer else [])
 
 
 def preflight(h, o, row):
@@ -548,6 +550,7 @@ def parse(argv):
     p.add_argument("--memlock", default=None)
     p.add_argument("--disk-need-gb", type=float, default=None)
     p.add_argument("--tools-path", default=None)
+    p.add_argument("--maintainer", action="store_true", help="doctor: also check make test's tools")
     o = p.parse_args(argv)
     row = versions.row(o.row)
     if o.command == "name":
