@@ -81,6 +81,17 @@ def test_make_run_without_a_key_says_how_to_add_one(fake_home):
     assert "SSH stays off" in err and "ssh-keygen -t ed25519" in err, f"the fix should be printed:\n{err}"
 
 
+def test_make_run_without_a_key_leaves_one_fix_on_the_screen(fake_home):
+    """No key: make run starts the container with SSHD_ENABLED=0, so its log says only "SSH is off
+    (SSHD_ENABLED=0)" and not a docker run -e PUBLIC_KEY fix beside make's (ssh-keygen, make run);
+    with a key, SSH is not turned off."""
+    _, out, _ = make_run(fake_home)
+    assert "-e SSHD_ENABLED=0" in out.split("ARGS=", 1)[1], f"SSH not turned off without a key:\n{out}"
+    make_key(fake_home / ".ssh")
+    _, out, _ = make_run(fake_home)
+    assert "SSHD_ENABLED" not in out.split("ARGS=", 1)[1], f"SSH turned off despite a key:\n{out}"
+
+
 def test_make_run_takes_the_agents_keys(fake_home, tmp_path):
     """make run should pass the keys `ssh-add -L` lists when an ssh-agent is running."""
     _, public = make_key(tmp_path / "elsewhere")
