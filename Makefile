@@ -203,9 +203,11 @@ run: ## Start the container (pulls or builds REF first if needed): JupyterLab on
 	  $(if $(wildcard .env),--env-file .env) $(call q,$(REF))$(if $(filter 0,$(DETACH)),, >/dev/null)
 	$(if $(filter 0,$(DETACH)),,@python3 scripts/make_container.py ready --docker $(call q,$(DOCKER)) --container $(call q,$(CONTAINER)))
 
-# make run's container has new host keys each time, on this machine's own port: a known_hosts
-# entry would only turn every restart into a "HOST IDENTIFICATION HAS CHANGED" stop (Vagrant's
-# `vagrant ssh` does the same). For a remote host, use plain ssh and check the logged fingerprint.
+# make run keeps its host keys (HOSTKEYS_VOLUME), so plain ssh works across restarts; make ssh still
+# skips known_hosts for this machine's own port, because a container started otherwise (compose,
+# HOSTKEYS_VOLUME=, a recreated volume) has new keys and a known_hosts entry would turn that into a
+# "HOST IDENTIFICATION HAS CHANGED" stop (Vagrant's `vagrant ssh` does the same). For a remote
+# host, use plain ssh and check the logged fingerprint.
 SSH_OPTS    ?= -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR## make ssh's ssh options
 SSH_ARGS    ?=## extra ssh flags for make ssh, e.g. -i ~/.ssh/other_key
 ssh: ## Log in to make run's container (PORT_SSH) and attach the team's tmux session "main"
