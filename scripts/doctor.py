@@ -20,7 +20,8 @@ Every outside probe can be pointed elsewhere (tests/test_doctor.py drives each c
   --infiniband DIR                     instead of /sys/class/infiniband
   --memlock KIB|unlimited              instead of this process's RLIMIT_MEMLOCK
   --disk-need-gb GB                    instead of BUILD_DISK_BYTES
-  --tools-path PATH                    where the test tools are looked for (scripts/host_setup.py)
+  --tools-path PATH                    where the test tools are looked for (scripts/host_setup.py;
+                                       the row shows with --maintainer: make doctor MAINTAINER=1)
 """
 import argparse
 import json
@@ -40,6 +41,7 @@ import urllib.request
 import build_info
 import doctor_gpu
 import doctor_inputs
+import doctor_team
 import host_setup
 import versions
 from doctor_ports import check_container, check_ports, container_name
@@ -489,12 +491,18 @@ def doctor(h, o, row):
     if docker_ok:
         rows += check_gpu_container(h, o.image)
         rows += check_disk(h, o.image)
-        rows += check_base(h, o.image, o.base, "run", image_suffices=True)
+        # REGISTRY set (--pull-first): make run pulls a missing image, so the build base is
+        # no concern of a team member's (make build checks it itself, when it builds).
+        if o.pull_first:
+            rows += doctor_team.team_rows(h, o)
+        else:
+            rows += check_base(h, o.image, o.base, "run", image_suffices=True)
     rows += check_ports(h, o.ports, o.container, strict=False)
     if docker_ok:
         rows += check_container(h, o.container, strict=False)
     rows += check_shm(h) + check_memlock(h)
-    return rows + check_test_tools(o)
+    # make test's tools are maintainer business: noise on a team member's screen.
+    return rows + (check_test_tools(o) if o.maintainer else [])
 
 
 def preflight(h, o, row):
@@ -510,6 +518,8 @@ def preflight(h, o, row):
     if o.target == "run":
         rows += check_container(h, o.container, strict=True)
         rows += check_ports(h, o.ports, o.container, strict=True)
+        # Before the pull and the start: the entrypoint would say it only after both.
+        rows += doctor_team.check_workspace(o.workspace, strict=True)
     if building:
         rows += check_buildkit(h) + check_base(h, o.image, o.base, o.target)
     return rows
@@ -537,12 +547,14 @@ def parse(argv):
     p.add_argument("--port", dest="ports", action="append", type=port_arg,
                    help="VAR=PORT that make run publishes (repeat)")
     p.add_argument("--pull-first", action="store_true",
-                   help="preflight --for run: a missing image is pulled from REGISTRY, not built")
+                   help="REGISTRY set: a missing image is pulled from REGISTRY, not built")
     p.add_argument("--registry-probe", default=None)
+    p.add_argument("--workspace", default=None, help="WORKSPACE: the host folder make run mounts on /workspace")
     p.add_argument("--infiniband", default="/sys/class/infiniband")
     p.add_argument("--memlock", default=None)
     p.add_argument("--disk-need-gb", type=float, default=None)
     p.add_argument("--tools-path", default=None)
+    p.add_argument("--maintainer", action="store_true", help="doctor: also check make test's tools")
     o = p.parse_args(argv)
     row = versions.row(o.row)
     if o.command == "name":

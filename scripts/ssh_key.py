@@ -88,11 +88,16 @@ def run(opts):
         sys.exit(f"ssh_key.py run: expected `DOCKER run ARGS...` after --, got {cmd!r}")
     source, key = choose(opts.env_file)
     env = dict(os.environ)
+    i = cmd.index("run") + 1
     if key is not None:
         env["PUBLIC_KEY"] = key
         # Name only: Docker copies the value from our environment, so it is on no command line.
-        i = cmd.index("run") + 1
         cmd = [*cmd[:i], "-e", "PUBLIC_KEY", *cmd[i:]]
+    elif not source:
+        # No key anywhere: SSH off on purpose, so the container's log says only that, and the
+        # one fix on the screen is make's below (its own `docker run -e PUBLIC_KEY=...` fix
+        # beside it sent people two ways).
+        cmd = [*cmd[:i], "-e", "SSHD_ENABLED=0", *cmd[i:]]
     if source:
         print(f"make run: SSH key from {source}. Once READY, log in and attach tmux session "
               f"{SESSION!r}:\n  {ssh_command(opts.port)}    (or: make ssh)", file=sys.stderr)

@@ -28,6 +28,15 @@ ARTIFACTS = ROOT / "artifacts"
 pytest_plugins = ("ssh_client", "slurm_cluster", "progress")
 
 
+@pytest.fixture(autouse=True)
+def own_local_mk(tmp_path_factory, monkeypatch):
+    """Every make a test runs reads and writes its remembered settings (make run/pull
+    REGISTRY=...: scripts/local_config.py) in a file of that test's own, never the checkout's
+    local.mk: a developer's remembered REGISTRY would change what the tests' make does, and a
+    test's would change the developer's and the next test's."""
+    monkeypatch.setenv("LOCAL_MK", str(tmp_path_factory.mktemp("local-mk") / "local.mk"))
+
+
 def require_tool(command, package):
     """The path of a host tool a test needs; missing, the test fails naming its Debian package and
     `make host-setup` (which `make test` runs first: scripts/host_setup.py installs it)."""

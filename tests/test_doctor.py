@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -54,7 +55,10 @@ if args[:2] == ["image", "inspect"]:
         out("sha256:fake\n")
     out("[]\n", 1, "Error: No such image: " + args[-1] + "\n")
 if args[:2] == ["container", "inspect"]:
-    out("[{}]\n" if args[-1] in names else "[]\n", 0 if args[-1] in names else 1)
+    out(json.dumps([{"State": {"Running": True, "ExitCode": 0}, "Config": {"StopTimeout": 30}}]) + "\n"
+        if args[-1] in names else "[]\n", 0 if args[-1] in names else 1)
+if args[0] == "wait":
+    out("0\n")
 if args[0] == "ps":
     out("".join(json.dumps(c) + "\n" for c in state["containers"]))
 if args[0] == "run":
@@ -97,6 +101,12 @@ class FakeHost:
             (self.tools / tool).write_text("#!/bin/sh\nexit 0\n")
             (self.tools / tool).chmod(0o755)
         self.ports = [free_port(), free_port()]
+        # make run's WORKSPACE, writable by the container's user (UID 1000; a root-owned one is a
+        # FAIL of its own: tests/test_doctor_team.py).
+        self.workspace = tmp_path / "workspace"
+        self.workspace.mkdir()
+        if os.geteuid() == 0:
+            os.chown(self.workspace, 1000, 1000)
         # A good GPU host: Docker 24 with buildx and the NVIDIA runtime, image and base here.
         self.state = {
             "client": "24.0.7",
@@ -130,7 +140,7 @@ class FakeHost:
                 "--image", image, "--base", base, "--container", container,
                 "--port", f"PORT_JUPYTER={self.ports[0]}", "--port", f"PORT_SSH={self.ports[1]}",
                 "--registry-probe", probe or closed_port_url(), "--infiniband", str(self.ib),
-                "--tools-path", str(self.tools),
+                "--tools-path", str(self.tools), "--workspace", str(self.workspace),
                 "--disk-need-gb", str(disk_gb), *extra]
         # python3 -S: no site-packages, so this also proves the script needs the stdlib only.
         r = subprocess.run(["python3", "-S", str(ROOT / "scripts" / "doctor.py"), *args],
@@ -502,7 +512,8 @@ def make(host, *args, env=None, timeout=60):
 def test_make_run_with_namespaced_image_and_no_user(host):
     """`make run IMAGE=ml/team-dl` with USER unset: a valid --name, never `ml/team-dl-`."""
     r = make(host, "-n", "run", "IMAGE=ml/team-dl", env={"USER": None})
-    names = re.findall(r"--name (\S+)", r.stdout)
+    words = shlex.split(r.stdout.replace("\\\n", " "))  # as the shell reads it (values are quoted)
+    names = [words[i + 1] for i, w in enumerate(words) if w == "--name"]
     assert names == [f"ml-team-dl-{account()}"], r.stdout + r.stderr
 
 
@@ -532,7 +543,7 @@ def test_make_stop_and_logs(host):
     assert r.returncode == 0 and "==> READY" in r.stdout, r.stdout + r.stderr
     r = make(host, "stop", f"CONTAINER={CONTAINER}")
     assert r.returncode == 0 and f"stopped {CONTAINER}" in r.stdout, r.stdout + r.stderr
-    assert ["stop", "-t", "30", CONTAINER] in host.calls(), f"make stop gives STOP_TIMEOUT: {host.calls()}"
+    assert ["stop", "-t", "30", CONTAINER] in host.calls(), f"make stop gives its stop timeout: {host.calls()}"
 
 
 def test_make_doctor_exits_with_the_status_the_readme_gives(host):

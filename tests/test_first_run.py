@@ -141,9 +141,9 @@ def test_make_run_hands_the_container_its_host_ports_and_stop_grace(tmp_path):
     docker.chmod(0o755)
     (tmp_path / "home" / ".ssh").mkdir(parents=True)
     r = subprocess.run(["make", "--no-print-directory", "run", "PREFLIGHT=0", f"DOCKER={docker}", "IMAGE=team-dl-fake",
-                        "PORT_JUPYTER=18888", "PORT_SSH=12222", "STOP_TIMEOUT=45"], cwd=ROOT,
+                        "PORT_JUPYTER=18888", "PORT_SSH=12222", "STOP_TIMEOUT=45", "DETACH=0"], cwd=ROOT,
                        env=env_without_agent(tmp_path / "home"), capture_output=True, text=True, timeout=60, check=False)
     args = r.stdout
-    for want in ("-p 18888:8888", "-p 12222:22", "-e HOST_PORT_JUPYTER=18888", "-e HOST_PORT_SSH=12222",
+    for want in ("-p 127.0.0.1:18888:8888", "-p 127.0.0.1:12222:22", "-e HOST_PORT_JUPYTER=18888", "-e HOST_PORT_SSH=12222",
                  "--stop-timeout 45", "-e STOP_TIMEOUT=45"):
         assert want in args, f"{want!r} not in make run's docker run:\n{args}\n{r.stderr}"

@@ -346,8 +346,8 @@ def test_doctor_reports_missing_test_tools_with_the_command(tmp_path):
     host = FakeHost(tmp_path, without=["chromium", "chromedriver"])
     r = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "doctor.py"), "doctor",
                         "--docker", str(host.bin / "docker"), "--tools-path", str(host.bin),
-                        "--nvidia-smi", str(tmp_path / "none"), "--registry-probe", "http://127.0.0.1:9/"],
-                       capture_output=True, text=True, timeout=60, check=False)
+                        "--nvidia-smi", str(tmp_path / "none"), "--registry-probe", "http://127.0.0.1:9/",
+                        "--maintainer"], capture_output=True, text=True, timeout=60, check=False)
     row = [ln for ln in r.stdout.splitlines() if "test tools" in ln]
     assert row and row[0].split()[0] == "WARN", r.stdout + r.stderr
     assert "chromium chromium-driver" in r.stdout and "make host-setup" in r.stdout, r.stdout
@@ -363,3 +363,19 @@ def test_host_setup_on_this_host():
     took = time.monotonic() - start
     assert r.returncode == 0 and "installing" not in r.stderr, r.stdout + r.stderr
     assert took < 10 * SLOWDOWN, f"make host-setup took {took:.1f} s on a host that has everything"
+
+
+def test_doctor_shows_the_test_tools_row_only_to_maintainers(tmp_path):
+    """A team member's make doctor has no "test tools" row (make test's tools are maintainer
+    business); make doctor MAINTAINER=1 (doctor.py --maintainer) shows it."""
+    host = FakeHost(tmp_path, without=["chromium", "chromedriver"])
+    args = [sys.executable, "-S", str(ROOT / "scripts" / "doctor.py"), "doctor",
+            "--docker", str(host.bin / "docker"), "--tools-path", str(host.bin),
+            "--nvidia-smi", str(tmp_path / "none"), "--registry-probe", "http://127.0.0.1:9/"]
+    user = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert "test tools" not in user.stdout, user.stdout
+    maintainer = subprocess.run([*args, "--maintainer"], capture_output=True, text=True, timeout=60, check=False)
+    assert "test tools" in maintainer.stdout, maintainer.stdout
+    dry = subprocess.run(["make", "-s", "-n", "-C", str(ROOT), "doctor", "MAINTAINER=1"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert "--maintainer" in dry.stdout, dry.stdout

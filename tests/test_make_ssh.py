@@ -56,7 +56,7 @@ def env_without_agent(home, **extra):
 def make_run(home, *args, **env):
     """`make run` with the fake docker next to `home`: (exit code, stdout, stderr)."""
     r = subprocess.run(["make", "--no-print-directory", "run", "PREFLIGHT=0", f"DOCKER={home.parent / 'docker'}",
-                        "IMAGE=team-dl-fake", *args],
+                        "IMAGE=team-dl-fake", "DETACH=0", *args],
                        check=False, cwd=ROOT, env=env_without_agent(home, **env), capture_output=True, text=True, timeout=60)
     return r.returncode, r.stdout, r.stderr
 
@@ -79,6 +79,17 @@ def test_make_run_without_a_key_says_how_to_add_one(fake_home):
     assert rc == 0, f"make run failed:\n{out}\n{err}"
     assert "PK=unset" in out and "PUBLIC_KEY" not in out.split("ARGS=", 1)[1], f"no key to pass:\n{out}"
     assert "SSH stays off" in err and "ssh-keygen -t ed25519" in err, f"the fix should be printed:\n{err}"
+
+
+def test_make_run_without_a_key_leaves_one_fix_on_the_screen(fake_home):
+    """No key: make run starts the container with SSHD_ENABLED=0, so its log says only "SSH is off
+    (SSHD_ENABLED=0)" and not a docker run -e PUBLIC_KEY fix beside make's (ssh-keygen, make run);
+    with a key, SSH is not turned off."""
+    _, out, _ = make_run(fake_home)
+    assert "-e SSHD_ENABLED=0" in out.split("ARGS=", 1)[1], f"SSH not turned off without a key:\n{out}"
+    make_key(fake_home / ".ssh")
+    _, out, _ = make_run(fake_home)
+    assert "SSHD_ENABLED" not in out.split("ARGS=", 1)[1], f"SSH turned off despite a key:\n{out}"
 
 
 def test_make_run_takes_the_agents_keys(fake_home, tmp_path):

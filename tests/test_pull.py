@@ -348,8 +348,30 @@ def test_run_preflight_with_a_registry_does_not_ask_for_the_base(tmp_path):
     missing base (make build checks that itself, if the registry has none)."""
     args = ["python3", "scripts/doctor.py", "preflight", "--for", "run", "--image", f"{NAME}:absent",
             "--base", "team-dl-no-such-base:1", "--registry-probe", "http://127.0.0.1:9/v2/",
-            "--port", f"PORT_JUPYTER={closed_port()}", "--port", f"PORT_SSH={closed_port()}"]
+            "--port", f"PORT_JUPYTER={closed_port()}", "--port", f"PORT_SSH={closed_port()}",
+            "--workspace", str(tmp_path)]
+    os.chown(tmp_path, 1000, 1000)  # the container's user's WORKSPACE (a root-owned one is a FAIL of its own)
     plain = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
     assert plain.returncode != 0 and "base image" in plain.stdout + plain.stderr, plain.stdout
     pulls = subprocess.run([*args, "--pull-first"], cwd=ROOT, capture_output=True, text=True, check=False)
     assert pulls.returncode == 0, f"preflight stopped a pulling make run:\n{pulls.stdout}{pulls.stderr}"
+
+
+def test_make_run_with_a_registry_pulls_and_starts_with_no_build_base_here(publish, docker_client, tmp_path):
+    """make run REGISTRY=... on a host without the build base (an unreachable one here) and without
+    the image: the pre-flight lets it through, make run pulls the published tag and starts it."""
+    registry, tag, _ = publish()
+    name = f"{NAME}-run-{uuid.uuid4().hex[:6]}"
+    workspace = tmp_path / "workspace"  # the container's user's (a root-owned one stops make run)
+    workspace.mkdir()
+    os.chown(workspace, 1000, 1000)
+    try:
+        result = make("run", f"REGISTRY={registry}", f"IMAGE={NAME}", f"TAG={tag}", f"CONTAINER={name}",
+                      f"BASE_IMAGE=127.0.0.1:{closed_port()}/no-such-base:1", f"PORT_JUPYTER={closed_port()}",
+                      f"PORT_SSH={closed_port()}", "DETACH=0", f"WORKSPACE={workspace}")
+        out = result.stdout + result.stderr
+        assert result.returncode == 0 and "tini version" in out, f"make run did not pull and start:\n{out}"
+        assert not gone(docker_client, f"{registry}/{NAME}:{tag}"), "make run did not pull the image"
+    finally:
+        subprocess.run(["/usr/bin/docker", "rm", "-f", name], capture_output=True, check=False)
+        subprocess.run(["/usr/bin/docker", "volume", "rm", f"{name}-ssh-hostkeys"], capture_output=True, check=False)

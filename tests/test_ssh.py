@@ -174,6 +174,14 @@ def test_public_key_file_that_is_a_directory_gets_a_fix_that_mounts_nothing_over
         f"the fix should mount the .pub file at a path of its own and point at it:\n{errors}")
 
 
+def test_ssh_off_on_request_without_a_key_gives_no_fix_of_its_own(start_container):
+    """SSHD_ENABLED=0 and no key (make run without any key: make prints the one fix): the ready
+    line says only "SSH off", not a docker run -e PUBLIC_KEY fix beside make's."""
+    c = start_container(environment={"SSHD_ENABLED": "0"})
+    ready = next(line for line in wait_for_log(c, READY, 120).splitlines() if "==> READY" in line)
+    assert ready.rstrip().endswith("|  SSH off") and "PUBLIC_KEY" not in ready, ready
+
+
 def test_ssh_off_without_key_and_jupyter_still_runs(start_container):
     """Container should start no sshd without a key, say how to enable it (also in the ready
     line), and still run Jupyter."""

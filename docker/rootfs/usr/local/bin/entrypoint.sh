@@ -20,14 +20,14 @@ source /usr/local/lib/team/user.sh
 #   20-checks.sh   reads   /usr/share/team-image/versions.json (the build's record)
 #                  sets    GPUS_AT_START ("index, name" of each GPU nvidia-smi lists)
 #   25-gpu-record.sh reads GPUS_AT_START; writes /run/team/gpus (for the healthcheck)
-#   30-ssh.sh      reads   START_SERVICES ROOT_READONLY NONROOT_HOW NONROOT_FIX; exports SSHD_ENABLED;
+#   30-ssh.sh      reads   START_SERVICES ROOT_READONLY NONROOT_HOW NONROOT_FIX; exports SSHD_ENABLED (SSHD_OFF_ASKED);
 #                          unsets PUBLIC_KEY
 #   35-env.sh      reads   ROOT_READONLY ENTRYPOINT_ONLY; writes /etc/team/environment (for SSH
 #                          sessions, tmux)
 #   40-jupyter.sh  reads   START_SERVICES ROOT_READONLY SSHD_ENABLED
 #                  exports JUPYTER_PORT TEAM_JUPYTER_DIR TEAM_JUPYTER_URL; unsets JUPYTER_TOKEN
 #                          JUPYTER_PASSWORD_HASH
-#   services.sh    reads   SSHD_ENABLED NB_HOME JUPYTER_PORT TEAM_JUPYTER_DIR TEAM_JUPYTER_URL
+#   services.sh    reads   SSHD_ENABLED SSHD_OFF_ASKED NB_HOME JUPYTER_PORT TEAM_JUPYTER_DIR TEAM_JUPYTER_URL
 # Root-only steps check `id -u` themselves.
 # shellcheck disable=SC2034  # read by the sourced steps
 START_SERVICES=$(( $# == 0 ))

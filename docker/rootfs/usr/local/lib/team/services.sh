@@ -129,7 +129,7 @@ cd /workspace || exit 1
 # Everything it and its kernels print goes through the redactor (jupyter-log-redact), so no
 # token or password reaches `docker logs`; the redactor ends when Jupyter closes the pipe. It
 # runs as the user too: it reads only that user's token files, and root gains nothing.
-as_nb_user --exec env -u TEAM_JUPYTER_URL -u SSHD_ENABLED HOME="$NB_HOME" USER="$run_as" LOGNAME="$run_as" \
+as_nb_user --exec env -u TEAM_JUPYTER_URL -u SSHD_ENABLED -u SSHD_OFF_ASKED HOME="$NB_HOME" USER="$run_as" LOGNAME="$run_as" \
   SHELL=/bin/bash jupyter lab \
   > >(as_nb_user --exec /usr/local/lib/team/jupyter-log-redact "$TEAM_JUPYTER_DIR" >&2) 2>&1 &
 jupyter_pid=$!
@@ -149,7 +149,7 @@ while kill -0 "$jupyter_pid" 2>/dev/null && [ "$SECONDS" -lt "$ready_deadline" ]
       ssh_note="SSH on: ssh -p $HOST_PORT_SSH -t $NB_USER@localhost tmux new -A -s main"
     elif [ -n "$sshd_pid" ]; then
       ssh_note="SSH on: ssh -p <host port of 22> -t $NB_USER@<host> tmux new -A -s main"
-    elif [ "$(id -u)" = 0 ] && [ ! -s "$(getent passwd "$NB_USER" | cut -d: -f6)/.ssh/authorized_keys" ]; then
+    elif [ -z "${SSHD_OFF_ASKED:-}" ] && [ "$(id -u)" = 0 ] && [ ! -s "$(getent passwd "$NB_USER" | cut -d: -f6)/.ssh/authorized_keys" ]; then
       # No key at all (not SSHD_ENABLED=0, not --user): the one case a user can fix by adding one.
       # shellcheck disable=SC2016  # printed for the user to paste, not expanded here
       ssh_note='SSH off: no public key; add one with -e PUBLIC_KEY="$(cat ~/.ssh/id_ed25519.pub)" -p 2222:22 (make run does it when ~/.ssh has one)'
