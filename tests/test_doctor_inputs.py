@@ -29,7 +29,7 @@ def test_make_run_refuses_a_stop_timeout_that_leaves_jobs_no_time_to_save(host, 
 def test_make_run_with_stop_timeout_4_passes_the_preflight(host):
     """The least STOP_TIMEOUT that gives jobs a second is not refused: docker run gets it."""
     r = make(host, "run", "STOP_TIMEOUT=4", f"PORT_JUPYTER={host.ports[0]}", f"PORT_SSH={host.ports[1]}",
-             f"IMAGE={IMAGE.split(':')[0]}", f"TAG={IMAGE.split(':')[1]}")
+             f"IMAGE={IMAGE.split(':')[0]}", f"TAG={IMAGE.split(':')[1]}", f"WORKSPACE={host.workspace}")
     assert "stop timeout" not in table(r.stdout + r.stderr), r.stdout + r.stderr
     runs = [c for c in host.calls() if c[0] == "run" and "--stop-timeout" in c]
     assert runs and runs[0][runs[0].index("--stop-timeout") + 1] == "4", host.calls()
