@@ -216,8 +216,9 @@ generate: ## Write the files that repeat versions.json (compose, devcontainer, D
 # The Python the image runs with the base's python3 (the venv's): vermin reads it for calls newer than
 # the oldest row's Python (3.10 on the default row's base; the stand-in's 3.11 would run them).
 IMAGE_PYTHON = train_amp.py trainamp smoke_tests docker/build $(shell git grep -l '^\#!.*python' -- docker/rootfs)
-lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, vermin, actionlint, schemas, wheels
+lint: test-deps ## Generated files up to date; CVE policy dates; hadolint, shellcheck, ruff, vermin, actionlint, schemas, wheels
 	python3 scripts/generate.py --check
+	python3 scripts/cve_gate.py lint --policy '$(CVE_POLICY)'
 	$(if $(filter 0,$(CHECK_WHEELS)),@echo 'check_wheels: SKIPPED (CHECK_WHEELS=0): no row was checked for wheels on its Python',$(TEST_VENV)/bin/python scripts/check_wheels.py)
 	$(TEST_VENV)/bin/hadolint docker/Dockerfile tests/slurm-node/Dockerfile examples/derived/Dockerfile
 	$(TEST_VENV)/bin/shellcheck -x $(shell git ls-files '*.sh' '*.sbatch' .ci/run docker/rootfs/usr/local/bin)
@@ -227,6 +228,13 @@ lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, vermi
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.dependabot .github/dependabot.yml
+
+# The CVE policy (SECURITY.md): an allowlist entry past its review_by fails make lint, so CI goes
+# red on the day, naming the entry. No prerequisites: it reads one JSON file.
+CVE_POLICY  ?= security/cve-policy.json## the CVE policy make lint and make cve-lint check
+.PHONY: cve-lint
+cve-lint: ## Check the CVE policy: no allowlist entry past its review date (part of make lint)
+	python3 scripts/cve_gate.py lint --policy '$(CVE_POLICY)'
 
 bench: build test-deps ## Start-up benchmark: docker run -> Jupyter, -> SSH login, docker stop
 	$(TEST_VENV)/bin/python benchmarks/bench_startup.py --image $(REF) --runs 5
