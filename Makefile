@@ -325,5 +325,6 @@ push: ## Push REF to REGISTRY under every tag, pull back by digest, verify (FORC
 	  --worktree $(PUSH_WORKTREE) --record $(PUBLISH_DIR) $(if $(filter 1,$(FORCE)),--force) \
 	  $(if $(FLAVOUR),--flavour $(FLAVOUR)) $(if $(filter 1,$(ZSTD)),--zstd-level $(ZSTD_LEVEL))
 
-manifest: ## Write REF's package manifest (versions, pip, dpkg, labels, digest) to PUBLISH_DIR
-	DOCKER=$(DOCKER) python3 scripts/manifest.py --image $(REF) --out $(PUBLISH_DIR) --tag $(TAG)
+SCAN        ?=## make manifest: counts by severity of a scan of REF (scripts/cve_gate.py gate --counts), added to it
+manifest: ## Write REF's package manifest (versions, pip, dpkg, labels, digest; SCAN: vulnerability counts) to PUBLISH_DIR
+	DOCKER=$(DOCKER) python3 scripts/manifest.py --image $(REF) --out $(PUBLISH_DIR) --tag $(TAG) $(if $(SCAN),--scan '$(SCAN)')

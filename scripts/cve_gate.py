@@ -83,11 +83,11 @@ def policy_problems(policy, today):
             problems.append((entry, f"review_by {entry['review_by']!r} is not a date (YYYY-MM-DD)"))
             continue
         if due < today:
-            problems.append((entry, f"expired: review_by {due} has passed; review it (renew review_by "
-                                    "with the reason it still holds) or remove it"))
+            problems.append((entry, (f"expired: review_by {due} has passed; review it (renew review_by "
+                                     "with the reason it still holds) or remove it")))
         elif max_days and (due - today).days > max_days:
-            problems.append((entry, f"review_by {due} is more than {max_days} days ahead: "
-                                    f"at most {today + datetime.timedelta(days=max_days)}"))
+            problems.append((entry, (f"review_by {due} is more than {max_days} days ahead: "
+                                     f"at most {today + datetime.timedelta(days=max_days)}")))
     return problems
 
 
