@@ -51,6 +51,7 @@ PIP_TRUSTED_HOST ?=## hosts pip may use without valid HTTPS during the build (sp
 APT_MIRROR  ?=## scheme://host[/prefix] that replaces the apt sources' scheme://host for the build
 KEEP_MIRRORS ?=## 1: the image keeps the build's apt/pip mirrors for its users (their URLs are then in a layer)
 PYPI_AS_OF  ?= $(V_PYPI_AS_OF)## install the Python packages PyPI had at this time (pip --uploaded-prior-to; not through a pip mirror); empty: the newest
+OS_UPDATES  ?=## the apt layers' cache key: they apply the distribution's updates once per key (empty: this ISO week, e.g. 2026-W50; any new value: now)
 BUILD_OPTS  ?=## extra docker build flags, e.g. --network host (a mirror on this host's 127.0.0.1)
 TARGET      ?= runtime## the Dockerfile stage make build builds (the image: runtime)
 PLATFORM    ?=## one platform to build, e.g. linux/arm64 (one the row publishes: versions.json platforms); empty = this host's
@@ -72,7 +73,7 @@ DOCKER      ?= /usr/bin/docker## the Docker client (Debian's 20.10 does BuildKit
 # The Debian 20.10 client does BuildKit without buildx; a newer client needs buildx.
 export DOCKER_BUILDKIT := 1
 GIT_SHA     := $(V_GIT_SHA)
-BUILD_INFO_OPTS = --python '$(PYTHON_VERSION)' --base '$(BASE_IMAGE)' --tag '$(TAG)' --pypi-as-of '$(PYPI_AS_OF)'
+BUILD_INFO_OPTS = --python '$(PYTHON_VERSION)' --base '$(BASE_IMAGE)' --tag '$(TAG)' --pypi-as-of '$(PYPI_AS_OF)' $(if $(OS_UPDATES),--os-updates '$(OS_UPDATES)')
 TEST_VENV   := .venv-test
 GPU_FLAGS   = $(shell $(DOCKER) info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo --gpus all)
 # What make run/build would use, for scripts/doctor.py: `make doctor` checks all of it; run and
