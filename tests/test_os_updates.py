@@ -3,6 +3,8 @@ docker/Dockerfile) applies the pending updates of what the base ships before ins
 a small image: the stand-in base holding a package at 1.0 and a local apt repository (a file:
 source made here) offering 1.1, built by the product's own script; seconds, not the 7 GB image."""
 import datetime
+import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -13,6 +15,8 @@ import pytest
 import versions
 from conftest import ROOT
 
+# The Docker client make build uses (the Makefile's DOCKER: Debian's 20.10 does BuildKit without buildx).
+DOCKER = os.environ.get("DOCKER") or ("/usr/bin/docker" if pathlib.Path("/usr/bin/docker").exists() else "docker")
 PROBE = "team-os-updates-probe"   # the base holds 1.0; the repository offers 1.1
 EXTRA = "team-os-updates-extra"   # only in the repository: what the step installs
 # The test's base: the stand-in with the probe at 1.0 and, as its only distribution source, the
@@ -78,19 +82,19 @@ def os_updated_image(tmp_path_factory, docker_client):
     repository(ctx, ctx / "repo")
     (ctx / "Dockerfile").write_text(DOCKERFILE)
     tag = f"team-dl-test-os-updates:{uuid.uuid4().hex[:12]}"
-    build = subprocess.run(["docker", "build", "-q", "--build-arg", f"BASE={base}", "--build-arg", "OS_UPDATES=test",
+    build = subprocess.run([DOCKER, "build", "-q", "--build-arg", f"BASE={base}", "--build-arg", "OS_UPDATES=test",
                             "-t", tag, str(ctx)], capture_output=True, text=True, timeout=300, check=False,
-                           env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin:/usr/local/bin"})
+                           env={**os.environ, "DOCKER_BUILDKIT": "1"})
     assert build.returncode == 0, build.stderr[-3000:]
     try:
         yield tag, ctx / "repo"
     finally:
-        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True, check=False)
+        subprocess.run([DOCKER, "image", "rm", "-f", tag], capture_output=True, check=False)
 
 
 def run(image, command, *volumes):
     args = [a for v in volumes for a in ("-v", v)]
-    return subprocess.run(["docker", "run", "--rm", *args, image, "sh", "-c", command],
+    return subprocess.run([DOCKER, "run", "--rm", *args, image, "sh", "-c", command],
                           capture_output=True, text=True, timeout=120, check=False)
 
 
