@@ -1,7 +1,8 @@
-"""The distribution's security fixes at every build: docker/build/apt-install.sh (every apt step of
-docker/Dockerfile) applies the pending updates of what the base ships before installing. Tested on
-a small image: the stand-in base holding a package at 1.0 and a local apt repository (a file:
-source made here) offering 1.1, built by the product's own script; seconds, not the 7 GB image."""
+"""The distribution's security fixes at every build: docker/build/apt-install.sh --upgrade (a step
+of its own in docker/Dockerfile's system stage, and pybase's) applies the pending updates of what
+the base ships and the image installs. Tested on a small image: the stand-in base holding a
+package at 1.0 and a local apt repository (a file: source made here) offering 1.1, built by the
+product's own script; seconds, not the 7 GB image."""
 import datetime
 import os
 import pathlib
@@ -21,8 +22,9 @@ PROBE = "team-os-updates-probe"   # the base holds 1.0; the repository offers 1.
 EXTRA = "team-os-updates-extra"   # only in the repository: what the step installs
 # The test's base: the stand-in with the probe at 1.0 and, as its only distribution source, the
 # local repository (hermetic and fast: no Debian mirror). The NVIDIA source stays, as on the real
-# base, for apt-install.sh to drop. Then the step as the Dockerfile runs it: cache mounts for the
-# lists and .debs, the product's scripts bind-mounted, OS_UPDATES in the command.
+# base, for apt-install.sh to drop. Then the two steps as the system stage runs them: the install,
+# then the upgrade keyed by OS_UPDATES; cache mounts for the lists and .debs, the product's
+# scripts bind-mounted.
 DOCKERFILE = """\
 ARG BASE
 FROM ${BASE} AS base
@@ -31,13 +33,20 @@ RUN dpkg -i /tmp/probe_1.0_all.deb && rm /tmp/probe_1.0_all.deb \\
     && echo 'deb [trusted=yes] file:/srv/local-apt ./' > /etc/apt/sources.list
 
 FROM base AS system
+RUN --mount=type=cache,id=team-os-updates-test-cache,target=/var/cache/apt,sharing=locked \\
+    --mount=type=cache,id=team-os-updates-test-lists,target=/var/lib/apt/lists,sharing=locked \\
+    --mount=type=bind,source=repo,target=/srv/local-apt \\
+    --mount=type=bind,source=apt-install.sh,target=/build/apt-install.sh \\
+    --mount=type=bind,source=mirror-lib.sh,target=/build/mirror-lib.sh \\
+    /build/apt-install.sh """ + EXTRA + """
 ARG OS_UPDATES=
 RUN --mount=type=cache,id=team-os-updates-test-cache,target=/var/cache/apt,sharing=locked \\
     --mount=type=cache,id=team-os-updates-test-lists,target=/var/lib/apt/lists,sharing=locked \\
     --mount=type=bind,source=repo,target=/srv/local-apt \\
     --mount=type=bind,source=apt-install.sh,target=/build/apt-install.sh \\
     --mount=type=bind,source=mirror-lib.sh,target=/build/mirror-lib.sh \\
-    OS_UPDATES="${OS_UPDATES}" /build/apt-install.sh """ + EXTRA + "\n"
+    OS_UPDATES="${OS_UPDATES}" /build/apt-install.sh --upgrade
+"""
 
 
 def deb(tmp_path, name, version, out):
@@ -119,15 +128,20 @@ def test_nothing_is_left_to_upgrade_against_the_builds_sources_and_no_lists_are_
 
 
 @pytest.mark.host
-def test_every_apt_step_of_the_dockerfile_runs_the_upgrading_script_keyed_by_the_week():
-    """Every apt step should go through apt-install.sh with OS_UPDATES in its command, and make build pass this week."""
+def test_every_apt_step_of_the_dockerfile_applies_the_updates_keyed_by_the_week():
+    """The system stage should upgrade in a step of its own keyed by OS_UPDATES, above a package step that is not."""
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    steps = [s for s in re.split(r"\n(?=RUN |FROM |COPY |ARG |ENV )", dockerfile) if s.startswith("RUN ")]
-    apt_steps = [s for s in steps if "apt-get" in s or "apt-install.sh" in s]
-    assert len(apt_steps) >= 2, "the pybase and system stages each have an apt step"
-    for step in apt_steps:
-        assert 'OS_UPDATES="${OS_UPDATES}" /build/apt-install.sh' in step, f"an apt step without the key:\n{step}"
-    assert "upgrade -y" in (ROOT / "docker" / "build" / "apt-install.sh").read_text()
+    system = dockerfile[dockerfile.index(" AS system\n"):dockerfile.index(" AS python\n")]
+    code = "\n".join(line for line in system.splitlines() if not line.lstrip().startswith("#"))
+    steps = [s for s in re.split(r"\n(?=RUN |FROM |COPY |ARG |ENV )", code) if s.startswith("RUN ")]
+    apt_steps = [s for s in steps if "apt-install.sh" in s]
+    assert len(apt_steps) == 2, f"the system stage should install, then upgrade: {apt_steps}"
+    install, upgrade = apt_steps
+    assert "OS_UPDATES" not in install and "ca-certificates" in install, f"the package step is keyed:\n{install}"
+    assert 'OS_UPDATES="${OS_UPDATES}" /build/apt-install.sh --upgrade' in upgrade, upgrade
+    assert "rm -f /etc/ssh/ssh_host_*" in upgrade, "an upgraded openssh-server makes host keys: remove them"
+    pybase = dockerfile[dockerfile.index(" AS pybase\n"):dockerfile.index(" AS builder\n")]
+    assert 'OS_UPDATES="${OS_UPDATES}" /build/apt-install.sh --upgrade' in pybase, "the venv's Python, upgraded alike"
     assert build_info.os_updates_week(datetime.date(2026, 12, 7)) == "2026-W50"
     assert build_info.os_updates_week(datetime.date(2027, 1, 1)) == "2026-W53", "ISO week-numbering year"
     dry = subprocess.run(["make", "-n", "-C", str(ROOT), "build"], capture_output=True, text=True, timeout=60, check=False)

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# apt-get upgrade and install for Dockerfile RUN steps (bind-mounted at build time, never in a
-# layer): the distribution's pending updates first, then the packages named. Trusts the BuildKit
-# secret ca_bundle when given (TLS-inspecting proxy); keeps no lists (a cache mount holds them).
+# apt-get install for Dockerfile RUN steps (bind-mounted at build time, never in a layer); with
+# --upgrade first, the distribution's pending updates before the packages named (if any).
+# Trusts the BuildKit secret ca_bundle when given (TLS-inspecting proxy); keeps no lists (a
+# cache mount holds them).
+# Usage: apt-install.sh [--upgrade] [PACKAGE...]
 set -euo pipefail
+upgrade=0
+if [ "${1:-}" = --upgrade ]; then upgrade=1; shift; fi
 ca=/run/secrets/ca_bundle
 opts=(-o Dpkg::Use-Pty=0)
 if [ -s "$ca" ]; then opts+=(-o "Acquire::https::CAInfo=$ca"); fi
@@ -40,6 +44,8 @@ apt-get "${opts[@]}" update -qq --error-on=any
 # finding as fixed by the archive's version, wherever it is. upgrade, not dist-upgrade: nothing is
 # removed; --with-new-pkgs installs a new dependency a fix needs instead of holding the fix back.
 # The base's configuration files stay (confdef/confold: no prompt). docs/building.md: OS updates.
-apt-get "${opts[@]}" upgrade -y -qq --with-new-pkgs --no-install-recommends \
-  -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold >/dev/null
-apt-get "${opts[@]}" install -y -qq --no-install-recommends "$@" >/dev/null
+if [ "$upgrade" = 1 ]; then
+  apt-get "${opts[@]}" upgrade -y -qq --with-new-pkgs --no-install-recommends \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold >/dev/null
+fi
+if [ $# -gt 0 ]; then apt-get "${opts[@]}" install -y -qq --no-install-recommends "$@" >/dev/null; fi
