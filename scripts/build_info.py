@@ -121,6 +121,10 @@ def build_args(r, python=None, base=None, version=None, source=None, pypi_as_of=
         # The distribution's updates as of this week (docker/build/apt-install.sh); any other
         # value (make build OS_UPDATES=2026-12-07b) rebuilds the apt layers now.
         "OS_UPDATES": os_updates or os_updates_week(),
+        # The row's future, as labels (versions.json legacy, rebuilds_until, new_projects).
+        "ROW_LEGACY": str(versions.support(r)["legacy"]).lower(),
+        "ROW_REBUILDS_UNTIL": versions.support(r)["rebuilds_until"],
+        "ROW_NEW_PROJECTS": versions.support(r)["new_projects"],
     }
 
 
