@@ -316,6 +316,15 @@ pypi-bump: test-deps ## What moving versions.json's pypi_as_of to TO changes per
 	$(TEST_VENV)/bin/python scripts/pypi_bump.py $(if $(TO),--to '$(TO)') $(if $(filter 1,$(WRITE)),--write) \
 	  $(if $(BUMP_MARKDOWN),--markdown '$(BUMP_MARKDOWN)')
 
+# The base's own updates (docs/building.md#pinning-the-base): NVIDIA re-pushes its tags; builds use
+# the pinned digest. The monthly base-bump workflow opens the move as a pull request.
+.PHONY: base-bump
+UPSTREAM_REGISTRY ?=## make base-bump: ask this registry (host[:port]) for the base tags instead of their own (a mirror)
+base-bump: ## Does each row's base tag name another digest upstream than versions.json pins? WRITE=1 moves the pins
+	python3 scripts/base_bump.py check $(if $(filter 1,$(WRITE)),--write) $(if $(BUMP_MARKDOWN),--markdown '$(BUMP_MARKDOWN)') \
+	  $(if $(UPSTREAM_REGISTRY),--upstream '$(UPSTREAM_REGISTRY)')
+	$(if $(filter 1,$(WRITE)),python3 scripts/generate.py)
+
 .PHONY: tags push manifest
 tags: ## Print the tags make push publishes: descriptive, sha-<sha>, then the moving ones
 	@printf '%s\n' $(TAG) "$$(python3 scripts/build_info.py sha-tag $(ROW_ARG) --sha $(GIT_SHA))" $(MOVING_TAGS)
