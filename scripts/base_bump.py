@@ -10,6 +10,13 @@ Usage: base_bump.py check [--write] [--markdown FILE] [--upstream HOST[:PORT]]
            row with no pin yet) in versions.json, one line per row, nothing else
        base_bump.py resolve --row NAME [--upstream HOST[:PORT]]
            print the digest the row's base tag names now (the release's trust on first use)
+       base_bump.py bases [--upstream HOST[:PORT]]
+           print {"bases": {row: tag@digest}, "first_use": [{row, digest}]} (JSON, one line): what
+           the release builds each row on; a row with no pin on the digest its tag names now,
+           listed in first_use (trust on first use: the release records it and opens a pull
+           request pinning it, docs/publishing.md)
+       base_bump.py pin --row NAME --digest sha256:...
+           set that row's base_image_digest in versions.json (the release's first-use pull request)
        base_bump.py same-but-digests OLD NEW
            exit 1 unless two versions.json files differ only in base_image_digest values
   --upstream: ask this registry instead of the tag's own (a mirror, or a test's local registry)
@@ -79,6 +86,11 @@ def main(argv=None):
     r.add_argument("--row", required=True)
     for s in (c, r):
         s.add_argument("--upstream", default=None)
+    b = sub.add_parser("bases")
+    b.add_argument("--upstream", default=None)
+    pn = sub.add_parser("pin")
+    pn.add_argument("--row", required=True)
+    pn.add_argument("--digest", required=True)
     s = sub.add_parser("same-but-digests")
     s.add_argument("old")
     s.add_argument("new")
@@ -88,7 +100,26 @@ def main(argv=None):
         print("only base_image_digest values differ" if same else "versions.json differs in more than base_image_digest",
               file=sys.stderr)
         return 0 if same else 1
+    if a.cmd == "pin":
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", a.digest):
+            print(f"base_bump: {a.digest!r} is not a sha256 digest (sha256:<64 hex digits>)", file=sys.stderr)
+            return 2
+        write_digests({a.row: (versions.row(a.row).get("base_image_digest", ""), a.digest)})
+        return 0
     try:
+        if a.cmd == "bases":
+            bases, first_use = {}, []
+            for row in versions.DATA["matrix"]:
+                if row.get("base_image_digest"):
+                    bases[row["name"]] = versions.base_image(row)
+                else:
+                    digest = resolve(row, a.upstream)
+                    bases[row["name"]] = f"{row['base_image']}@{digest}"
+                    first_use.append({"row": row["name"], "digest": digest})
+                    print(f"{row['name']}: no base_image_digest; {row['base_image']} names {digest} now: "
+                          "trusted on first use", file=sys.stderr)
+            print(json.dumps({"bases": bases, "first_use": first_use}, separators=(",", ":")))
+            return 0
         if a.cmd == "resolve":
             print(resolve(versions.row(a.row), a.upstream))
             return 0

@@ -108,3 +108,26 @@ def test_make_base_bump_passes_its_variables_and_regenerates_on_write():
                           "BUMP_MARKDOWN=/tmp/b.md"], capture_output=True, text=True, timeout=60, check=False)
     assert "scripts/base_bump.py check --write --markdown '/tmp/b.md'" in dry.stdout, dry.stdout
     assert "--upstream 'mirror.example:5000'" in dry.stdout and "scripts/generate.py" in dry.stdout, dry.stdout
+
+
+def test_the_release_builds_an_unpinned_row_on_the_digest_its_tag_names_and_pins_exactly_that(tree, local_registry):
+    """bases should give pinned rows their pin and an unpinned one tag@digest (first use); pin writes that digest."""
+    data = json.loads((tree / "versions.json").read_text())
+    pinned, unpinned = data["matrix"][0], data["matrix"][1]
+    repo, tag = unpinned["base_image"].split(":")
+    digest = push_index(local_registry, repo, tag, "first")
+    r = bump(tree, "bases", "--upstream", local_registry)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["bases"][pinned["name"]] == f"{pinned['base_image']}@{pinned['base_image_digest']}", out
+    assert out["bases"][unpinned["name"]] == f"{unpinned['base_image']}@{digest}", out
+    assert out["first_use"] == [{"row": unpinned["name"], "digest": digest}], out
+    push_index(local_registry, repo, tag, "moved")   # upstream moves after the build
+    old = tree / "old.json"
+    old.write_text((tree / "versions.json").read_text())
+    assert bump(tree, "pin", "--row", unpinned["name"], "--digest", digest).returncode == 0
+    rows = {x["name"]: x for x in json.loads((tree / "versions.json").read_text())["matrix"]}
+    assert rows[unpinned["name"]]["base_image_digest"] == digest, "the digest built, not the tag's newer one"
+    assert bump(tree, "same-but-digests", str(old), str(tree / "versions.json")).returncode == 0
+    bad = bump(tree, "pin", "--row", unpinned["name"], "--digest", "latest")
+    assert bad.returncode == 2 and "is not a sha256 digest" in bad.stderr, bad.stderr
