@@ -113,7 +113,14 @@ def main(argv=None):
                 if row.get("base_image_digest"):
                     bases[row["name"]] = versions.base_image(row)
                 else:
-                    digest = resolve(row, a.upstream)
+                    # One row's unreachable registry must not hold back the pinned rows: this row
+                    # gets no digest, and the release's build of it alone stops, saying so.
+                    try:
+                        digest = resolve(row, a.upstream)
+                    except registry.RegistryError as e:
+                        print(f"base_bump: WARN {row['name']}: no digest to trust on first use: {e}", file=sys.stderr)
+                        bases[row["name"]] = row["base_image"]
+                        continue
                     bases[row["name"]] = f"{row['base_image']}@{digest}"
                     first_use.append({"row": row["name"], "digest": digest})
                     print(f"{row['name']}: no base_image_digest; {row['base_image']} names {digest} now: "

@@ -99,6 +99,15 @@ def test_a_change_beyond_the_digests_is_caught_and_an_unreachable_upstream_gets_
     assert r.returncode == 1 and "differs in more than base_image_digest" in r.stderr, r.stderr
     r = bump(tree, "check", "--upstream", "127.0.0.1:9")
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "cannot reach the registry 127.0.0.1:9" in r.stderr, r.stderr
+    # The release's setup: an unreachable registry leaves the unpinned row without a digest (its
+    # build stops) and the pinned rows as they are.
+    r = bump(tree, "bases", "--upstream", "127.0.0.1:9")
+    out = json.loads(r.stdout)
+    pinned, unpinned = data["matrix"][0], data["matrix"][1]
+    assert r.returncode == 0 and out["first_use"] == [], r.stderr
+    assert out["bases"] == {pinned["name"]: f"{pinned['base_image']}@{pinned['base_image_digest']}",
+                            unpinned["name"]: unpinned["base_image"]}, out
+    assert f"WARN {unpinned['name']}: no digest to trust on first use" in r.stderr, r.stderr
 
 
 @pytest.mark.host
