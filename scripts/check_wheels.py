@@ -22,12 +22,20 @@ PIP_INDEX_URL / PIP_EXTRA_INDEX_URL when set (make build hands the same variable
 build), else PyPI. pip's config files are not read: a machine's own pip.conf (an extra index, a
 constraints file) would change the answer for this machine only.
 
+A pass is remembered (CACHE_DIR, for CACHE_DAYS) where its answer cannot change: PyPI read as of
+versions.json's pypi_as_of, with the same row, requirements.txt, pip and these scripts; a run
+with those inputs says "OK (cached ...)" without asking pip. CHECK_WHEELS_CACHE=0 asks anyway.
+Not cached: a failure, a mirror (it has no cutoff), an unset pypi_as_of. A release yanked or
+deleted from PyPI later would change the answer: hence the expiry, shorter than the weekly build.
+
 Usage: check_wheels.py [--row NAME]...
 Exit status: 0 every row resolves; 1 a row does not (pip's reason printed); 2 an index could
 not be reached, so nothing was proved for the rows named (never a silent pass: make lint fails;
 CHECK_WHEELS=0 skips the check and says so).
 """
 import concurrent.futures
+import hashlib
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -50,6 +58,9 @@ REQUIREMENTS = pathlib.Path(__file__).resolve().parent.parent / "docker" / "buil
 # pip's answer for a requirement with no candidate at all, where no version was set aside for
 # its Requires-Python: only an sdist is published (the dry run may take wheels alone).
 NO_CANDIDATE = re.compile(r"satisfies the requirement (\S+) \(from versions: none\)")
+# Where passes are remembered, and for how long (see the docstring).
+CACHE_DIR = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "team-dl" / "check-wheels"
+CACHE_DAYS = 6
 # Docker's platform names (versions.json `platforms`) -> the machine name in wheel tags.
 WHEEL_ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 # PEP 600 tags older than manylinux_2_x; manylinux2010/manylinux1 exist for x86 only.
@@ -252,19 +263,61 @@ def check_row(row, platform, python, glibc, index_urls, env, full=True):
     return True, f"{len(have)} packages ({libs}) in {took:.1f} s{sdists}{note}"
 
 
+def cache_key(row, target, index_urls, env):
+    """The file a pass of this check is remembered in, or None where the answer could change
+    (a mirror, no pypi_as_of) or CHECK_WHEELS_CACHE=0: a hash of everything the answer depends on."""
+    as_of = versions.pypi_as_of()
+    if index_urls != [PYPI] or not as_of or env.get("CHECK_WHEELS_CACHE") == "0":
+        return None
+    digest = hashlib.sha256()
+    here = pathlib.Path(__file__).resolve().parent
+    for part in (json.dumps(row, sort_keys=True), repr(target), as_of, " ".join(runner()),
+                 importlib.metadata.version("pip"), REQUIREMENTS.read_text(),
+                 *(p.read_text() for p in (here / "check_wheels.py", PIP_FOR_MACHINE, here / "versions.py"))):
+        digest.update(part.encode() + b"\0")
+    return CACHE_DIR / f"{digest.hexdigest()[:32]}.json"
+
+
+def cached(key):
+    """A remembered pass's message with how old it is, or None (none, expired or unreadable)."""
+    try:
+        saved = json.loads(key.read_text())
+        age = time.time() - float(saved["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not 0 <= age < CACHE_DAYS * 86400:
+        return None
+    return (f"{saved['message']} (cached: these inputs passed {age / 3600:.0f} h ago, PyPI as of "
+            f"{versions.pypi_as_of()}; CHECK_WHEELS_CACHE=0 asks pip again)")
+
+
+def remember(key, message):
+    """Keep a pass (written whole, then renamed: two lints at once never read half a file)."""
+    key.parent.mkdir(parents=True, exist_ok=True)
+    part = key.with_suffix(f".{os.getpid()}.part")
+    part.write_text(json.dumps({"at": time.time(), "message": message}))
+    part.replace(key)
+
+
 def one(row, target, index_urls, env):
     """(what, ok, message) for one row and target; an Unreachable is returned, not raised."""
     platform, python, glibc, on = target
     what = f"{row['name']} {platform} on its {on} (Python {python}, glibc {glibc})"
     if platform not in WHEEL_ARCH:
         return what, False, f"no wheel architecture known for {platform} (have {sorted(WHEEL_ARCH)})"
+    key = cache_key(row, target, index_urls, env)
+    if key and (message := cached(key)):
+        return what, True, message
     try:
         # requirements.txt on the base's Python alone: the stand-in's is the one CI builds with.
         ok, message = check_row(row, platform, python, glibc, index_urls, env, full=on == "base")
     except Unreachable as e:
         return what, None, str(e)
     pins = f"torch {row['torch']}, torchvision {row['torchvision']}, torchaudio {row['torchaudio']}"
-    return what, ok, f"{pins}{' and ' + REQUIREMENTS.name if on == 'base' else ''}: {message}"
+    message = f"{pins}{' and ' + REQUIREMENTS.name if on == 'base' else ''}: {message}"
+    if ok and key:
+        remember(key, message)
+    return what, ok, message
 
 
 def main(argv):
@@ -279,12 +332,15 @@ def main(argv):
     env = dict(os.environ)
     index_urls = indexes(env)
     failed, unreachable = [], []
-    try:
-        for url in index_urls:
-            probe(url, env)
-    except Unreachable as e:
-        unreachable.append(str(e))
-    jobs = [] if unreachable else [(row, t) for row in rows for t in targets(row, versions.DATA["standin"])]
+    jobs = [(row, t) for row in rows for t in targets(row, versions.DATA["standin"])]
+    # Every check remembered: nothing to ask the index (an offline lint of unchanged inputs passes).
+    if not all((key := cache_key(row, t, index_urls, env)) and cached(key) for row, t in jobs):
+        try:
+            for url in index_urls:
+                probe(url, env)
+        except Unreachable as e:
+            unreachable.append(str(e))
+            jobs = []
     # Each pip run mostly waits on the index: run them side by side, report in order.
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda job: one(*job, index_urls, env), jobs))

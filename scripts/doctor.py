@@ -39,6 +39,7 @@ import urllib.request
 
 import build_info
 import doctor_gpu
+import doctor_inputs
 import host_setup
 import versions
 from doctor_ports import check_container, check_ports, container_name
@@ -78,7 +79,7 @@ class Host:
 
     def docker(self, *args, timeout=DOCKER_TIMEOUT):
         try:
-            r = subprocess.run([self.o.docker, *args], capture_output=True, text=True,
+            r = subprocess.run([self.o.docker, *args], capture_output=True, text=True, errors="replace",
                                timeout=timeout, check=False)
         except FileNotFoundError:
             return 127, "", f"{self.o.docker}: not found"
@@ -142,7 +143,8 @@ class Host:
         for fields in ("driver_version,name,compute_cap,mig.mode.current", "driver_version,name"):
             try:
                 r = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader"],
-                                   capture_output=True, text=True, timeout=DOCKER_TIMEOUT, check=False)
+                                   capture_output=True, text=True, errors="replace", timeout=DOCKER_TIMEOUT,
+                                   check=False)  # errors: a name in another encoding is no reason to stop
             except (OSError, subprocess.TimeoutExpired) as e:
                 return 1, "", str(e)
             if r.returncode == 0:
@@ -152,7 +154,7 @@ class Host:
     def nvidia_smi_list(self):
         """`nvidia-smi -L`: the GPUs and their MIG devices."""
         try:
-            return subprocess.run([self.o.nvidia_smi, "-L"], capture_output=True, text=True,
+            return subprocess.run([self.o.nvidia_smi, "-L"], capture_output=True, text=True, errors="replace",
                                   timeout=DOCKER_TIMEOUT, check=False).stdout
         except (OSError, subprocess.TimeoutExpired):
             return ""
@@ -497,8 +499,10 @@ def doctor(h, o, row):
 
 def preflight(h, o, row):
     """What would make `make <target>` fail; fast (no container is started)."""
-    rows = check_docker(h)
-    if rows[0].status != OK:
+    rows = doctor_inputs.check_reference(o.image) + check_docker(h)
+    if o.target == "run":  # make exports what was typed on its command line: the value make run uses
+        rows += doctor_inputs.check_stop_timeout(os.environ.get("STOP_TIMEOUT"))
+    if any(r.check == "docker" and r.status != OK for r in rows):
         return rows
     # --pull-first (REGISTRY set): a missing image is pulled; make build checks for itself only
     # if the registry has none (scripts/pull.py), so the base does not matter yet.

@@ -128,8 +128,7 @@ def check_gpu_rows(gpus, row, platform, mig_listing=None):
             continue
         seen.add((g["name"], g["cc"]))
         if not sm(g["cc"]):
-            out.append(Row(SKIP, "gpu flavour", f"{g['name']}: nvidia-smi gives no compute capability "
-                           f"(driver {g['driver']} < 510?): see README's Which flavour for your GPU"))
+            out.append(Row(SKIP, "gpu flavour", no_capability(g)))
             continue
         verdicts = {r["name"]: row_fit(r, g["cc"], g["driver"], platform) for r in versions.DATA["matrix"]}
         fits = [r for r in versions.DATA["matrix"] if verdicts[r["name"]][0]]
@@ -147,6 +146,20 @@ def check_gpu_rows(gpus, row, platform, mig_listing=None):
                            "with kernels for this GPU"))
     out += check_mig(gpus, mig_listing)
     return out
+
+
+def no_capability(g):
+    """Why doctor cannot say which row runs on g: the field is missing (a driver before 510 has
+    no compute_cap query), or nvidia-smi answers [N/A] (it has no value for this device: a vGPU
+    guest's, or a GPU whose driver does not report it), which says nothing about the driver."""
+    if g["cc"].strip().strip("[]").upper() in ("N/A", "NOT SUPPORTED", "UNKNOWN ERROR"):
+        return (f"{g['name']}: nvidia-smi reports the compute capability as {g['cc']}: the driver ({g['driver']}) "
+                "does not expose it for this device (a vGPU or passthrough guest, or a GPU it does not fully "
+                "know), so doctor cannot tell which row has kernels for it: find the model in README's Which "
+                "flavour for your GPU, or in the container: python -c 'import torch; "
+                "print(torch.cuda.get_device_capability())'")
+    return (f"{g['name']}: nvidia-smi gives no compute capability (driver {g['driver']} < 510 has no "
+            "compute_cap query): see README's Which flavour for your GPU")
 
 
 def check_mig(gpus, listing):

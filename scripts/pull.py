@@ -20,7 +20,10 @@ import shutil
 import subprocess
 import sys
 
+import reference
 import registry
+import registry_tls
+import tag_labels
 
 NOT_PUBLISHED = 3  # `ensure`'s exit status when the registry has no such tag: build instead
 # A pull needs the compressed download and the unpacked layers on disk at once: the default row
@@ -139,7 +142,7 @@ def docker_pull(o, ref, digest):
 def pull(o):
     """Resolve, check, download, check again, tag. -> the digest."""
     ref = registry.Ref(o.ref)
-    client = registry.Client(ref)
+    client = registry.Client(ref, insecure=registry_tls.docker_says_insecure(ref.host, o.docker))
     digest, _, _ = client.manifest()
     if o.digest and o.digest != digest:
         raise Refused(f"{ref.text} names {digest} in the registry, not the pinned DIGEST {o.digest}: "
@@ -156,6 +159,10 @@ def pull(o):
     if ref.at(digest) not in attrs.get("RepoDigests", []):
         raise Refused(f"after the pull, {ref.at(digest)} is not among the image's digests "
                       f"({attrs.get('RepoDigests')}): nothing was tagged; report this")
+    contradiction = tag_labels.contradiction(ref.tag, (attrs.get("Config") or {}).get("Labels") or {})
+    if contradiction:
+        raise Refused(f"{ref.text} is not what its tag says: {contradiction}; nothing was tagged "
+                      "(a mis-tagged push): use the digest of the image you want, and tell its publisher")
     if not ref.digest:
         docker(o, "tag", attrs["Id"], ref.text)
     log("INFO", f"pulled and verified {ref.text} ({digest}); it is image {attrs['Id'][:19]}")
@@ -175,6 +182,10 @@ def main(argv):
     if o.digest and not re.fullmatch(r"sha256:[0-9a-f]{64}", o.digest):
         log("ERROR", f"DIGEST={o.digest!r} is not a digest: give sha256: and 64 hex digits")
         return 2
+    bad = reference.problem(o.ref)
+    if bad:  # before any request: Docker would refuse it too, and a 404 would only mislead
+        log("ERROR", bad)
+        return 2
     if o.command == "ensure" and local_present(o, o.ref):
         return 0
     try:
@@ -192,4 +203,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        # Ctrl-C reaches docker pull too (one process group); the layers it finished are kept.
+        log("ERROR", "make pull stopped (Ctrl-C): nothing was tagged; run it again (layers already "
+                     "downloaded are kept)")
+        sys.exit(130)

@@ -24,6 +24,8 @@ import sys
 
 import build_info
 import push_zstd
+import reference
+import registry_tls
 
 DOCKER = os.environ.get("DOCKER", "docker")
 LABEL_REVISION = "org.opencontainers.image.revision"
@@ -242,7 +244,36 @@ def served_digest(ref, insecure, must_exist=True):
                  if d.startswith(repo + "@")), None)
 
 
+# Options whose value may start with '-' (TAG=-x): argparse would take `--tag -x` for two options.
+VALUE_OPTIONS = ("--repository", "--tag", "--moving", "--extra-immutable", "--flavour", "--image", "--digest")
+
+
+def values_joined(argv):
+    """`--tag -x` -> `--tag=-x`, so a value is never mistaken for an option."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in VALUE_OPTIONS and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def check_reference(args):
+    """REGISTRY, IMAGE and TAG as typed (make's variables), then --repository and --tag, against
+    Docker's grammar: one line naming what is wrong, before git or Docker is asked anything."""
+    bad = reference.make_vars_problem()
+    if not bad:
+        bad = reference.ref_problem(f"{args.repository}:{args.tag}") if args else None
+    if bad:
+        refuse(bad)
+
+
 def parse_args(argv):
+    check_reference(None)  # make's TAG='Bad Tag' reaches argv split in two: check it whole first
+    argv = values_joined(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["push", "preflight", "verify"])
     ap.add_argument("--repository", required=True, help="REGISTRY/IMAGE, e.g. ghcr.io/acme/team-dl")
@@ -265,6 +296,7 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     if args.repository.startswith("/") or "/" not in args.repository:
         refuse(f"repository {args.repository!r} names no registry: set REGISTRY (e.g. ghcr.io/acme)")
+    check_reference(args)
     return args
 
 
@@ -285,8 +317,9 @@ def preflight_digest(repository, immutable, digest, force, insecure):
 
 def main(argv):
     args = parse_args(argv)
-    # A registry on loopback is plain http (dockerd trusts 127.0.0.0/8 as insecure by default).
-    insecure = bool(re.match(r"(127\.|localhost[:/])", args.repository))
+    # What dockerd counts as insecure (loopback by default, and daemon.json's insecure-registries):
+    # docker manifest inspect needs --insecure for it, as docker pull/push need nothing.
+    insecure = registry_tls.docker_says_insecure(args.repository.split("/", 1)[0], DOCKER)
     worktree = pathlib.Path(args.worktree).resolve()
     check_clean(worktree)
     sha = build_info.git_sha(worktree)  # clean: the sha the build wrote into its label

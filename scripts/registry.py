@@ -5,6 +5,7 @@ Used by scripts/pull.py (make pull), scripts/push.py (the zstd check) and
 benchmarks/bench_pull.py. Standard library only: make pull runs before any virtualenv exists.
 """
 import base64
+import binascii
 import hashlib
 import json
 import os
@@ -14,6 +15,8 @@ import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
+
+import registry_tls
 
 # Everything a pull may meet: an index (several platforms) or one image, Docker's or OCI's.
 MANIFEST_TYPES = (
@@ -61,17 +64,20 @@ class Ref:
 
     @property
     def local(self):
-        """A registry on this host: plain http (dockerd treats 127.0.0.0/8 as insecure too)."""
+        """A registry on this host, which dockerd counts as insecure by default (127.0.0.0/8)."""
         return bool(re.match(r"(127\.|localhost(:|$)|\[::1\])", self.host))
 
     def at(self, digest):
         return f"{self.name}@{digest}"
 
 
+def docker_config_path():
+    return pathlib.Path(os.environ.get("DOCKER_CONFIG") or pathlib.Path.home() / ".docker") / "config.json"
+
+
 def docker_config():
-    path = pathlib.Path(os.environ.get("DOCKER_CONFIG") or pathlib.Path.home() / ".docker") / "config.json"
     try:
-        return json.loads(path.read_text())
+        return json.loads(docker_config_path().read_text())
     except (OSError, ValueError):
         return {}
 
@@ -88,50 +94,83 @@ def credentials(host):
     for key in keys:
         auth = config.get("auths", {}).get(key, {}).get("auth")
         if auth:
-            user, _, secret = base64.b64decode(auth).decode().partition(":")
-            return user, secret
+            return _decode_auth(host, auth)
     if helper:
         for key in keys:
-            try:
-                out = subprocess.run([f"docker-credential-{helper}", "get"], input=key, capture_output=True,
-                                     text=True, timeout=10, check=False)
-            except OSError:
-                return None
-            if out.returncode == 0:
-                found = json.loads(out.stdout)
-                return found["Username"], found["Secret"]
+            found = _ask_helper(helper, key)
+            if found:
+                return found
     return None
+
+
+def _decode_auth(host, auth):
+    """config.json's auth: base64 of user:secret, as `docker login` writes it."""
+    try:
+        user, sep, secret = base64.b64decode(auth, validate=True).decode().partition(":")
+    except (binascii.Error, ValueError):
+        sep = ""
+    if not sep:
+        raise RegistryError(f"the login stored for {host} in {docker_config_path()} is not base64 of user:password "
+                            f"(its \"auth\" was edited by hand?): docker login {host} again, then run make pull again")
+    return user, secret
+
+
+def _ask_helper(helper, key):
+    """(user, secret) from docker-credential-<helper> get; None when it has none for key."""
+    name = f"docker-credential-{helper}"
+    try:
+        out = subprocess.run([name, "get"], input=key, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    try:
+        found = json.loads(out.stdout)
+        return found["Username"], found["Secret"]
+    except (ValueError, KeyError, TypeError):
+        said = (out.stdout.strip() or out.stderr.strip() or "nothing").splitlines()[0][:120]
+        raise RegistryError(f"the credential helper {name} get printed no JSON ({said}): fix the helper (its "
+                            f"keyring may be locked or absent), or remove \"credsStore\"/\"credHelpers\" from "
+                            f"{docker_config_path()} and docker login again") from None
 
 
 class Client:
     """One repository on one registry; follows the registry's Bearer token challenge once."""
 
-    def __init__(self, ref):
+    def __init__(self, ref, insecure=None):
+        """insecure: whether Docker counts the registry as insecure (registry_tls.docker_says_insecure);
+        None: Docker's default, loopback only. HTTPS first either way (registry_tls)."""
         self.ref = ref if isinstance(ref, Ref) else Ref(ref)
-        self.base = f"{'http' if self.ref.local else 'https'}://{self.ref.host}/v2/{self.ref.repository}"
+        self.insecure = self.ref.local if insecure is None else insecure
+        self.scheme = "https"
         self.auth = None
+
+    @property
+    def base(self):
+        return f"{self.scheme}://{self.ref.host}/v2/{self.ref.repository}"
 
     def _open(self, method, url, headers):
         req = urllib.request.Request(url, method=method, headers={**headers, **({"Authorization": self.auth}
                                                                                if self.auth else {})})
-        return urllib.request.urlopen(req, timeout=TIMEOUT)
+        return urllib.request.urlopen(req, timeout=TIMEOUT, context=registry_tls.context(self.ref.host, self.insecure))
 
     def request(self, method, path, headers=None):
         """-> (status, headers, body) of a 2xx answer; RegistryError for every other outcome."""
-        url, headers = f"{self.base}/{path}", headers or {}
-        for attempt in (1, 2):
+        headers, logged_in, first_failure = headers or {}, False, None
+        while True:
             try:
-                with self._open(method, url, headers) as r:
+                with self._open(method, f"{self.base}/{path}", headers) as r:
                     return r.status, r.headers, r.read()
             except urllib.error.HTTPError as e:
-                if e.code == 401 and attempt == 1 and self._login(e.headers.get("WWW-Authenticate", "")):
+                if e.code == 401 and not logged_in and self._login(e.headers.get("WWW-Authenticate", "")):
+                    logged_in = True
                     continue
                 raise self._error(e.code) from None
-            except (urllib.error.URLError, OSError) as e:
-                reason = getattr(e, "reason", e)
-                raise RegistryError(f"cannot reach the registry {self.ref.host} ({reason}): check REGISTRY, "
-                                    "the network and any proxy, then run make pull again") from None
-        raise AssertionError("unreachable")
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                if self.scheme == "https" and self.insecure:  # Docker's fallback for an insecure registry
+                    self.scheme, first_failure = "http", e
+                    continue
+                raise RegistryError(registry_tls.unreachable(self.ref.host, first_failure or e, self.insecure)) from None
 
     def _login(self, challenge):
         """Answer a 401's challenge: a Bearer token from its realm (with the stored login, else
@@ -150,7 +189,8 @@ class Client:
         req = urllib.request.Request(params["realm"] + "?" + urllib.parse.urlencode(query),
                                      headers={"Authorization": basic} if basic else {})
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+            with urllib.request.urlopen(req, timeout=TIMEOUT,
+                                        context=registry_tls.context(self.ref.host, self.insecure)) as r:
                 answer = json.loads(r.read())
         except (urllib.error.URLError, OSError, ValueError):
             return False

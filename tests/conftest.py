@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 
+import pace  # tests/pace.py
 import pytest
 import requests
 
@@ -24,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 ARTIFACTS = ROOT / "artifacts"
 # The SSH fixtures (key, the shared sshd) for every file that logs in over SSH.
-pytest_plugins = ("ssh_client", "slurm_cluster")
+pytest_plugins = ("ssh_client", "slurm_cluster", "progress")
 
 
 def require_tool(command, package):
@@ -46,13 +47,23 @@ def pytest_configure(config):
                             "scripts and fakes only): .ci/run runs these beside the container tests")
 
 
+# The files that take minutes (.ci/run's per-file table), longest first. .ci/run's container
+# tests run in two pytest-xdist workers a file at a time (--dist loadfile): these start first, so
+# the run never ends on one long file running alone while the other worker idles.
+LONG_FILES = ("test_slurm.py", "test_cluster.py", "test_train_amp_checkpoint.py", "test_image.py",
+              "test_lifecycle.py", "test_train_amp_flags.py", "test_train_amp_bench.py", "test_repro.py")
+
+
 def pytest_collection_modifyitems(items):
-    """A test marked host runs beside the container tests in .ci/run: it must not use Docker."""
+    """A test marked host runs beside the container tests in .ci/run: it must not use Docker.
+    The LONG_FILES run first (a stable sort: each file's tests keep their order)."""
     for item in items:
         docker = {"docker_client", "image_ref"} & set(getattr(item, "fixturenames", ()))
         if item.get_closest_marker("host") and docker:
             raise pytest.UsageError(f"{item.nodeid} is marked host but uses {sorted(docker)}: "
                                     "drop the host mark (its file's pytestmark)")
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +96,21 @@ def artifacts():
 # (QEMU reads QEMU_CPU from the emulated process's environment), and how many times longer a
 # command may take there than the timeouts written for this host's CPU.
 QEMU_CPU = os.environ.get("TEAM_TEST_QEMU_CPU", "")
-SLOWDOWN = float(os.environ.get("TEAM_TEST_SLOWDOWN") or 1)
+# ... times this machine's pace now (tests/pace.py: a busy or slower machine gets longer), so a
+# timeout guards a hang, never a speed. Measured once: the pytest processes started beside this
+# one (xdist's workers) inherit it.
+PACE = pace.factor()
+os.environ["TEAM_TEST_PACE"] = f"{PACE:.2f}"
+# Under pytest-xdist the workers share the CPU with each other, a load the pace measured before
+# they started cannot show: each worker's guards are stretched by their number too.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+SLOWDOWN = float(os.environ.get("TEAM_TEST_SLOWDOWN") or 1) * PACE * WORKERS
+
+
+def pytest_report_header(config):
+    workers = getattr(config.option, "numprocesses", None)
+    each = f", times {workers} in each of the {workers} xdist workers" if isinstance(workers, int) and workers > 1 else ""
+    return f"hang guards: {SLOWDOWN:.2f}x their written timeouts{each} (TEAM_TEST_PACE {PACE:.2f}: tests/pace.py)"
 
 
 @pytest.fixture
@@ -163,7 +188,9 @@ def run_in_image(start_container):
 def wait_until(predicate, timeout, message, interval=0.25):
     """Poll `predicate` until it returns a truthy value (returned), or fail with `message` (a
     string, or a function giving one, e.g. with the logs of that moment) after `timeout` s.
-    The one wait loop of the suite: `predicate` may itself pytest.fail to stop early."""
+    The one wait loop of the suite: `predicate` may itself pytest.fail to stop early. `timeout`
+    is the quiet machine's: it is stretched by SLOWDOWN (tests/pace.py)."""
+    timeout *= SLOWDOWN
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -318,6 +345,14 @@ def version_row():
     the default row. Tests read versions from here instead of spelling them out."""
     name = os.environ.get("ROW") or VERSIONS["default"]
     return next(r for r in VERSIONS["matrix"] if r["name"] == name)
+
+
+# The image as pyxis, Kubernetes `command:` and Apptainer run it: no entrypoint, a UID with no
+# passwd entry (HOME=/), a read-only root filesystem with only /tmp writable (run kwargs).
+BARE = {"entrypoint": "", "user": "12345:12345", "read_only": True, "tmpfs": {"/tmp": ""}}
+# Docker's --tmpfs /tmp is noexec, where no compiled kernel can be loaded; pyxis (the host's
+# /tmp) and a Kubernetes emptyDir allow exec. Tests of torch.compile use /tmp:exec.
+BARE_EXEC = {**BARE, "tmpfs": {"/tmp": "exec"}}
 
 
 # Tests that stand for a host user by making a host folder owned by another UID (os.chown) or

@@ -14,7 +14,7 @@ import time
 import uuid
 
 import pytest
-from conftest import ROOT, remove_containers
+from conftest import ROOT, SLOWDOWN, remove_containers
 
 import docker
 
@@ -137,6 +137,7 @@ class Cluster:
         return dict(re.findall(r"(\w+)=(\S*)", out)) if code == 0 else {}
 
     def wait_job(self, job_id, timeout=JOB_S):
+        timeout *= SLOWDOWN
         deadline = time.monotonic() + timeout
         while True:
             job = self.job(job_id)
@@ -163,6 +164,7 @@ class Cluster:
 
     def wait_idle(self, timeout=CLUSTER_UP_S):
         """Until both compute nodes are idle (registered with the controller)."""
+        timeout *= SLOWDOWN
         deadline = time.monotonic() + timeout
         while True:
             code, out = self.sh("sinfo -h -N -o '%N %t'")

@@ -6,7 +6,7 @@ import time
 
 import paramiko
 import pytest
-from conftest import host_port, wait_for_log
+from conftest import SLOWDOWN, host_port, wait_for_log
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -37,6 +37,7 @@ def key():
 def ssh_connect(container, pkey=None, user="dev", password=None, timeout=60.0):
     """Log in to the container's published port 22, retrying while sshd is still starting.
     Authentication failures are raised at once: they are what some tests expect."""
+    timeout *= SLOWDOWN
     deadline = time.monotonic() + timeout
     while True:
         client = paramiko.SSHClient()
@@ -73,6 +74,7 @@ def shell_send_and_wait(channel, line, marker, timeout=30.0):
     """Type `line` into an interactive shell and wait for `marker` in its output."""
     channel.send(line + "\n")
     buf = ""
+    timeout *= SLOWDOWN
     deadline = time.monotonic() + timeout
     while marker not in buf:
         if time.monotonic() > deadline:

@@ -9,6 +9,7 @@ import json
 
 import doctor_gpu  # scripts/ (conftest.py puts it on sys.path)
 import pytest
+import versions
 from test_doctor import FakeHost, status
 
 BLACKWELL_ROW = "2.15.0-cuda13.2"
@@ -96,6 +97,30 @@ def test_driver_without_compute_cap_is_skipped_not_crashed(host):
     assert status(out, "driver")[0] == "FAIL" and "470.57.02" in status(out, "driver")[1], out
 
 
+@pytest.mark.host
+def test_compute_capability_na_says_what_it_means_not_an_old_driver(host):
+    """A vGPU guest's nvidia-smi answers [N/A] for compute_cap on a 535 driver: say that the driver
+    does not expose it for this device and how to find it, not "driver 535 < 510?"."""
+    gpus(host, "535.104.05, GRID A100-40C, [N/A], Disabled")
+    _, out = host.run()
+    s, row = status(out, "gpu flavour")
+    assert s == "SKIP" and "reports the compute capability as [N/A]" in row, out
+    assert "does not expose it for this device" in row and "get_device_capability" in row, row
+    assert "< 510" not in row, row
+
+
+@pytest.mark.host
+def test_nvidia_smi_printing_bytes_that_are_not_utf8_still_gives_the_report(host):
+    """A GPU name in another encoding (bytes that are not UTF-8): the report is printed, with the
+    name as far as it decodes, instead of a UnicodeDecodeError and no report at all."""
+    (host.dir / "gpus.csv").write_bytes(b"550.54.15, NVIDIA H100 80GB HBM3 \xff\xfe, 9.0, Disabled\n")
+    (host.dir / "list.txt").write_bytes(b"GPU 0: NVIDIA H100 \xff (UUID: GPU-1)\n")
+    _, out = host.run()
+    assert status(out, "driver")[0] == "OK", out
+    s, row = status(out, "gpu flavour")
+    assert s == "OK" and "NVIDIA H100 80GB HBM3" in row, out
+
+
 @pytest.mark.parametrize("cc,kernels,ok", [
     ("8.9", ["sm_80", "sm_86"], True),        # same major, lower minor
     ("8.0", ["sm_86"], False),                # higher minor does not run
@@ -126,3 +151,17 @@ def test_versions_json_kernels_are_the_images(run_in_image):
     row = next(r for r in doctor_gpu.versions.DATA["matrix"] if r["name"] == record["row"])
     assert row["kernels"].get(record["platform"]) == record["cuda_arch_list"], \
         f"versions.json {row['name']} {record['platform']}: {row['kernels']}; the image: {record['cuda_arch_list']}"
+
+
+def test_the_legacy_row_is_said_with_its_last_rebuild_and_the_row_to_start_on(host):
+    """make doctor on the legacy row should say so, until when it is rebuilt, and which row a new project takes."""
+    gpus(host, "550.54.15, NVIDIA H100 80GB HBM3, 9.0, Disabled")
+    _, out = host.run()
+    s, row = status(out, "row")
+    legacy = versions.row(versions.DATA["default"])
+    start = versions.DATA["new_projects"]
+    assert legacy.get("legacy") and s == "OK", out
+    assert f"{legacy['name']} is the legacy row: rebuilt weekly until {legacy['rebuilds_until']}" in row, row
+    assert f"A new project should start on {start}: ROW={start}" in row, row
+    _, out = host.run("doctor", "--row", start)
+    assert f"{start}: the row new projects start on" in status(out, "row")[1], out

@@ -52,6 +52,57 @@ def test_root_owned_checkout_gets_one_host_step_and_then_saves(start_container, 
     assert d.stat().st_uid == 0, "root should stay the checkout's owner (git refuses a checkout root does not own)"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a root-owned checkout and set its ACL")
+def test_root_owned_checkout_with_mode_700_gets_the_acl_step_that_works(run_in_image, tmp_path):
+    """Root's checkout cloned with umask 077 (mode 700): the fix is the setfacl step, not chown to
+    $(id -u) (0 for root), HOST_UID=<owner> (0, refused) or o+rx (read only); after it, dev saves."""
+    d = root_owned_dir(tmp_path)
+    d.chmod(0o700)
+    mount = {str(d): {"bind": "/workspace", "mode": "rw"}}
+    _, out = run_in_image(["true"], volumes=mount)
+    error = WORKSPACE_ERROR.search(out)
+    assert error and "cannot be listed" in error.group(0), out[-3000:]
+    fix = error.group(0).split("Fix:", 1)[1]
+    assert "setfacl -R -m u:1000:rwX -m d:u:1000:rwX <dir>" in fix, fix
+    assert not any(s in fix for s in ("chown $(id -u)", "HOST_UID", "o+rx")), f"fixes that cannot work as root:\n{fix}"
+    step = re.search(r"setfacl [^(]+<dir>", fix).group(0).replace("<dir>", str(d))
+    subprocess.run([require_tool("setfacl", "acl"), *step.split()[1:]], check=True)
+    rc, out = run_in_image(["bash", "-c", "echo saved as $(id -un) > /workspace/n.txt && cat /workspace/n.txt"],
+                           volumes=mount)
+    assert rc == 0 and not WORKSPACE_ERROR.search(out) and "saved as dev" in out, out[-3000:]
+    assert d.stat().st_uid == 0, "root should stay the checkout's owner"
+
+
+@pytest.fixture
+def volume_without_acls(docker_client):
+    """A Docker volume on ramfs, a filesystem without ACLs (like btrfs -o noacl or NFS): root-owned."""
+    v = docker_client.volumes.create(f"team-dl-test-noacl-{os.getpid()}", driver="local",
+                                     driver_opts={"type": "ramfs", "device": "ramfs"})
+    yield v.name
+    v.remove(force=True)
+
+
+def test_root_owned_checkout_without_acls_gets_a_fix_that_works_there(volume_without_acls, start_container,
+                                                                      run_in_image):
+    """On a filesystem without ACLs, setfacl fails: the fix offered is group write (or chown), and
+    that step, run as the message gives it, lets dev save at the next start."""
+    mount = {volume_without_acls: {"bind": "/workspace", "mode": "rw,nocopy"}}  # nocopy: root-owned, as a checkout
+    # ramfs lives as long as it is mounted: a container holding it keeps the step's effect, and
+    # a root shell in it stands for "on the host as root".
+    holder = start_container(["600"], entrypoint=["sleep"], volumes=mount)
+    _, out = run_in_image(["true"], volumes=mount)
+    error = WORKSPACE_ERROR.search(out)
+    assert error and "this filesystem has no ACLs" in error.group(0), out[-3000:]
+    step = re.search(r"(chgrp -R \d+ <dir> && chmod -R g\+rwX <dir> && find <dir> -type d -exec chmod g\+s \{\} \+)",
+                     error.group(0))
+    assert step, error.group(0)
+    rc, out = holder.exec_run(["bash", "-c", step.group(1).replace("<dir>", "/workspace")], user="root")
+    assert rc == 0, out
+    rc, out = run_in_image(["bash", "-c", "echo saved as $(id -un) > /workspace/n.txt && cat /workspace/n.txt"],
+                           volumes=mount)
+    assert rc == 0 and not WORKSPACE_ERROR.search(out) and "saved as dev" in out, out[-3000:]
+
+
 def test_ready_line_has_the_host_ports_to_paste(start_container, tmp_path):
     """With the host ports make run publishes (HOST_PORT_JUPYTER/HOST_PORT_SSH), the ready
     line's URL and ssh line should use them, not the container's 8888 and 22."""

@@ -10,7 +10,7 @@ import uuid
 import pytest
 import requests
 import websocket
-from conftest import jupyter_ready, needs_root, version_row, wait_for_log
+from conftest import SLOWDOWN, jupyter_ready, needs_root, version_row, wait_for_log
 
 TIMEOUT = 30
 
@@ -167,7 +167,7 @@ def _password_hash(start_container, password):
     """A hash of `password` made by jupyter_server.auth.passwd in the image."""
     maker = start_container(["python", "-c", f"from jupyter_server.auth import passwd; print(passwd({password!r}))"],
                             detach=True)
-    assert maker.wait(timeout=120)["StatusCode"] == 0, "passwd() should run in the image"
+    assert maker.wait(timeout=120 * SLOWDOWN)["StatusCode"] == 0, "passwd() should run in the image"
     hashed = maker.logs(stderr=False).decode().strip().splitlines()[-1]
     assert hashed.startswith("argon2:"), f"passwd() should give an argon2 hash, got {hashed!r}"
     return hashed

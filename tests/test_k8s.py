@@ -11,7 +11,7 @@ import build_info  # scripts/build_info.py: the image tag the manifests must nam
 import jsonschema
 import pytest
 import yaml
-from conftest import ROOT, version_row
+from conftest import ROOT, SLOWDOWN, version_row
 from train_amp_helpers import ENTRYPOINT_LOG, SUMMARY, SYNTH
 
 import docker
@@ -550,7 +550,7 @@ def test_manifest_container_spec_trains_as_two_pods(manifest, workspace_volume, 
             [*container["args"], *SMALL], name=f"k8s-{uuid.uuid4().hex[:8]}",
             hostname=address.split(".")[0], network=docker_network.name,
             networking_config={docker_network.name: endpoint}, **kwargs))
-    codes = [c.wait(timeout=480)["StatusCode"] for c in started]
+    codes = [c.wait(timeout=480 * SLOWDOWN)["StatusCode"] for c in started]
     logs = [c.logs().decode(errors="replace") for c in started]
     for (address, *_), code, log in zip(pods, codes, logs):
         assert code == 0, f"{address} exited {code}:\n{log[-6000:]}"
@@ -566,6 +566,6 @@ def test_manifest_container_spec_trains_as_two_pods(manifest, workspace_volume, 
     sc = pods[0][2]["securityContext"]
     out = start_container(["stat", "-c", "%u:%g %s", f"{ckpt_dir}/last.pt"], entrypoint="", detach=True,
                           volumes={workspace: {"bind": "/workspace"}})
-    out.wait(timeout=60)
+    out.wait(timeout=60 * SLOWDOWN)
     stat = out.logs().decode().strip()
     assert re.fullmatch(rf"{sc['runAsUser']}:{sc['fsGroup']} \d+", stat), f"last.pt: {stat}"

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import host_port, require_tool, wait_for_log, wait_until
+from conftest import SLOWDOWN, host_port, require_tool, wait_for_log, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HELPER = ROOT / "scripts" / "ssh_key.py"
@@ -144,7 +144,7 @@ def test_make_ssh_logs_in_and_attaches_the_tmux_session(start_container, tmp_pat
         wait_until(attached, 60, lambda: f"no shell in tmux session main:\n{screen.decode(errors='replace')}",
                    interval=2)
         os.write(master, b"tmux detach\r")
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 20 * SLOWDOWN
         while proc.poll() is None and time.monotonic() < deadline:
             read_some()
         assert proc.poll() == 0, f"make ssh should end cleanly on detach:\n{screen.decode(errors='replace')}"

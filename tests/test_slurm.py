@@ -13,6 +13,7 @@ import time
 import warnings
 
 import pytest
+from conftest import SLOWDOWN
 from slurm_cluster import (
     JOB_S,
     NODE_CPUS,
@@ -105,7 +106,7 @@ def test_killed_node_requeues_the_job_and_it_continues_from_its_checkpoint(slurm
     args = [*TRAIN, "--synthetic-size", "1024", "--epochs", "2", "--save-every", "2",
             "--checkpoint-dir", ck]
     job_id = cluster.sbatch(*SBATCH, "/shared/slurm/train-srun.sbatch", *args)
-    deadline = time.monotonic() + JOB_S
+    deadline = time.monotonic() + JOB_S * SLOWDOWN
     while checkpoint_of(cluster, f"{ck}/last.pt") is None:
         job = cluster.job(job_id)
         if job.get("JobState") in TERMINAL or time.monotonic() > deadline:
@@ -205,7 +206,7 @@ def test_requeued_job_resumes_and_ends_with_the_weights_of_an_uninterrupted_run(
     # (each at its own rendezvous port), as it would two users' jobs.
     whole = cluster.sbatch(*SBATCH, script, *args, "--checkpoint-dir", "/shared/ck-whole")
     job_id = cluster.sbatch(*SBATCH, script, *args, "--checkpoint-dir", "/shared/ck-requeued")
-    deadline = time.monotonic() + JOB_S
+    deadline = time.monotonic() + JOB_S * SLOWDOWN
     while not re.search(r"^epoch 1/2 step [3-6]/8 ", cluster.output(job_id), re.MULTILINE):
         job = cluster.job(job_id)
         if job.get("JobState") in TERMINAL or time.monotonic() > deadline:
@@ -255,7 +256,7 @@ def test_scancel_saves_the_checkpoint_though_the_dataloader_workers_get_sigterm_
         "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2", "--gpus-per-node=0",
         "--time=15", "--chdir=/shared/stopdata", "--output=/shared/out/%x-%j.out",
         "/shared/slurm/train-srun.sbatch", *shlex.split(JOB_800)[1:], "--device", "cpu")
-    deadline = time.monotonic() + JOB_S
+    deadline = time.monotonic() + JOB_S * SLOWDOWN
     while not re.search(r"^epoch 1/3 step ([3-9]|[1-9][0-9])/100 ", cluster.output(job_id),
                         re.MULTILINE):
         job = cluster.job(job_id)

@@ -5,6 +5,7 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+from conftest import BARE_EXEC
 
 SUITE_TIMEOUT = 600  # the full suite on 2 CPU cores, torch.compile included, takes ~1-2 min
 
@@ -30,13 +31,17 @@ def labels_dir(image, tmp_path):
     return d
 
 
-def test_smoke_suite_passes_on_cpu_host_with_gpu_tests_skipped_with_reason(run_in_image, tmp_path, labels_dir):
-    """Container should pass the whole suite on a CPU host, versions equal to its labels, GPU tests skipped."""
+def test_smoke_suite_passes_on_cpu_host_as_a_nameless_uid_with_gpu_tests_skipped_with_reason(
+        run_in_image, tmp_path, labels_dir):
+    """Container should pass the whole suite on a CPU host, versions equal to its labels, GPU
+    tests skipped; run as pyxis, Kubernetes and Apptainer run it (no entrypoint, a UID with no
+    passwd entry, a read-only root: BARE_EXEC), the hardest case, once. The entrypoint's way in
+    to `smoke` is the other tests' here."""
     reports = _writable_dir(tmp_path, "reports")
     code, output = run_in_image(
-        "smoke --report-dir /reports --expect-versions /expect/labels.json", timeout=SUITE_TIMEOUT,
+        ["smoke", "--report-dir", "/reports", "--expect-versions", "/expect/labels.json"], timeout=SUITE_TIMEOUT,
         volumes={str(reports): {"bind": "/reports", "mode": "rw"},
-                 str(labels_dir): {"bind": "/expect", "mode": "ro"}})
+                 str(labels_dir): {"bind": "/expect", "mode": "ro"}}, **BARE_EXEC)
     assert code == 0, f"smoke suite failed (exit {code}):\n{_tail(output)}"
     report = json.loads((reports / "smoke-report.json").read_text())
     tests = report["tests"]

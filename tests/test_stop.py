@@ -146,3 +146,13 @@ def test_docker_stop_gives_jobs_stop_timeout_less_the_services_and_logs_how_long
     logs = c.logs().decode(errors="replace")
     assert re.search(r"^INFO .*up to 6 s to end: STOP_TIMEOUT=9 less 3 s for the services", logs, re.MULTILINE), logs[-2000:]
     assert re.search(r"^INFO .*The jobs ended in time \([23] s of their 6 s\)", logs, re.MULTILINE), logs[-2000:]
+
+
+def test_stop_timeout_below_4_is_warned_about_truthfully(start_container):
+    """STOP_TIMEOUT=0 (what make run also hands docker as --stop-timeout): the start warns that
+    docker stop then kills jobs before they can checkpoint, not that 10 s are "used"."""
+    c = start_container(environment={"STOP_TIMEOUT": "0"})
+    logs = wait_for_log(c, r"STOP_TIMEOUT='?0", timeout=120)
+    line = next((ln for ln in logs.splitlines() if re.search(r"STOP_TIMEOUT='?0", ln)), "")
+    assert line.startswith("WARN") and "before they can save a checkpoint" in line, logs[-2000:]
+    assert "using 10" not in line, line

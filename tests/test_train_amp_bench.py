@@ -4,7 +4,7 @@ import json
 import re
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, SLOWDOWN
 from train_amp_helpers import read_from_container
 
 
@@ -13,7 +13,7 @@ def test_benchmark_times_steps_and_writes_json(start_container):
     c = start_container(["train_amp.py", "--benchmark", "--model", "resnet18", "--image-size",
                          "32", "--batch-size", "8", "--steps", "3", "--warmup-steps", "1",
                          "--out", "bench"])
-    code = c.wait(timeout=300)["StatusCode"]
+    code = c.wait(timeout=300 * SLOWDOWN)["StatusCode"]
     logs = c.logs().decode(errors="replace")
     assert code == 0, f"exited {code}:\n{logs}"
     assert re.search(r"benchmark resnet18 batch 8 32px amp=(bf16|off) .*: [\d.]+ images/s", logs), logs

@@ -1,6 +1,7 @@
 """train_amp.py's command line, run in fresh containers of the image: --help, and bad or
 out-of-range input refused at once (exit 2, one line naming the fix)."""
 import pytest
+from conftest import SLOWDOWN
 from train_amp_helpers import SYNTH, command_output
 
 
@@ -33,7 +34,7 @@ def test_help_documents_every_option(run_in_image):
 def test_bad_input_exits_2_with_a_one_line_fix(start_container, args, env, fix):
     """Container should refuse bad input at once: exit 2 and one stderr line naming the fix."""
     c = start_container(["train_amp.py", *args], environment=env)
-    code = c.wait(timeout=120)["StatusCode"]
+    code = c.wait(timeout=120 * SLOWDOWN)["StatusCode"]
     err = command_output(c.logs(stdout=False, stderr=True).decode(errors="replace"))
     out = command_output(c.logs(stdout=True, stderr=False).decode(errors="replace"))
     assert code == 2, f"{args} exited {code}, expected 2:\n{err}"
@@ -53,7 +54,7 @@ def test_bad_input_exits_2_with_a_one_line_fix(start_container, args, env, fix):
 def test_non_finite_or_out_of_range_numbers_exit_2_before_training(start_container, args, rule):
     """train_amp.py should reject NaN/inf/out-of-range numeric options at parse time: exit 2."""
     c = start_container(["train_amp.py", *SYNTH, "--steps", "1", *args])
-    code = c.wait(timeout=120)["StatusCode"]
+    code = c.wait(timeout=120 * SLOWDOWN)["StatusCode"]
     err = command_output(c.logs(stdout=False, stderr=True).decode(errors="replace"))
     out = command_output(c.logs(stdout=True, stderr=False).decode(errors="replace"))
     assert code == 2, f"{args} exited {code}, expected 2:\n" + "\n".join(err + out)

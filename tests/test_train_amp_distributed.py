@@ -6,7 +6,7 @@ import shlex
 import time
 import uuid
 
-from conftest import wait_for_log
+from conftest import SLOWDOWN, wait_for_log
 from train_amp_helpers import SUMMARY, SYNTH, read_from_container
 
 
@@ -22,7 +22,7 @@ def test_two_containers_train_as_two_nodes_over_c10d_rendezvous(start_container,
     # hostname = name: torchrun advertises the hostname, which the network's DNS resolves.
     nodes = [start_container(cmd, name=n, hostname=n, network=docker_network.name,
                              environment={"GLOO_SOCKET_IFNAME": "eth0"}) for n in names]
-    codes = [n.wait(timeout=420)["StatusCode"] for n in nodes]
+    codes = [n.wait(timeout=420 * SLOWDOWN)["StatusCode"] for n in nodes]
     logs = [n.logs().decode(errors="replace") for n in nodes]
     for name, code, log in zip(names, codes, logs):
         assert code == 0, f"{name} exited {code}:\n{log}"
@@ -64,7 +64,7 @@ def test_ranks_leave_together_once_rank_0_has_written_its_results(start_containe
     assert len(ranks) == 2, f"a rank left while rank 0 was still writing its results:\n{ps.decode()}"
     code, metrics = c.exec_run(["cat", "/tmp/metrics.fifo"])
     assert code == 0 and json.loads(metrics)["history"], f"no metrics from rank 0: {metrics!r}"
-    status = c.wait(timeout=120)["StatusCode"]
+    status = c.wait(timeout=120 * SLOWDOWN)["StatusCode"]
     assert status == 0, f"torchrun exited {status}:\n{c.logs().decode(errors='replace')[-3000:]}"
 
 

@@ -5,6 +5,7 @@ import re
 import shlex
 
 import pytest
+from conftest import SLOWDOWN
 from train_amp_helpers import INSPECT_LAST, SUMMARY, SYNTH
 
 # ---------------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ def flag_probes(docker_client, image_ref, module_containers):
     ])
     c = docker_client.containers.run(image_ref, ["bash", "-c", script], detach=True, shm_size="1g")
     module_containers.append(c)
-    code = c.wait(timeout=600)["StatusCode"]
+    code = c.wait(timeout=600 * SLOWDOWN)["StatusCode"]
     logs = c.logs().decode(errors="replace")
     assert code == 0, f"the probe runs failed ({code}):\n{logs}"
     seen = probes(logs)

@@ -5,7 +5,7 @@ import re
 import uuid
 
 import pytest
-from conftest import remove_containers, wait_for_log
+from conftest import SLOWDOWN, remove_containers, wait_for_log
 from train_amp_helpers import DIGITS, SUMMARY, SYNTH, read_from_container, run_to_end
 
 
@@ -44,7 +44,7 @@ def interrupted_and_resumed(docker_client, image_ref, module_containers, volume)
     # Stop inside epoch 1 (33 steps: 1078 training digits / 32), after at least 8 steps.
     wait_for_log(c, r"epoch 1/2 step 8/\d+", timeout=300)
     c.stop(timeout=60)  # SIGTERM, like a scheduler's preemption; SIGKILL only after 60 s
-    runs["stop_code"] = c.wait(timeout=60)["StatusCode"]
+    runs["stop_code"] = c.wait(timeout=60 * SLOWDOWN)["StatusCode"]
     runs["stop_logs"] = c.logs().decode(errors="replace")
 
     code, logs, c = run_to_end(docker_client, image_ref, [

@@ -9,7 +9,7 @@ import re
 import uuid
 
 import pytest
-from conftest import needs_root, remove_image, wait_for_log
+from conftest import SLOWDOWN, needs_root, remove_image, wait_for_log
 from ssh_client import Key
 
 # What the command prints when the container gets that far: the IDs and groups dev runs with.
@@ -103,7 +103,7 @@ def test_a_workspace_its_owner_cannot_list_stops_with_the_chmod_fix(start_contai
     tmp_path.chmod(0o000)
     try:
         c = start_container(command, volumes={str(tmp_path): {"bind": "/workspace", "mode": "rw"}})
-        code = c.wait(timeout=120)["StatusCode"]
+        code = c.wait(timeout=120 * SLOWDOWN)["StatusCode"]
         out = c.logs().decode(errors="replace")
     finally:
         tmp_path.chmod(0o755)  # so pytest can remove it

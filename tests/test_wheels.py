@@ -323,3 +323,48 @@ def test_pypi_is_asked_as_of_pypi_as_of_like_the_build_and_a_mirror_is_not(tmp_p
     assert on_pypi[at + 1] == versions.DATA["pypi_as_of"], on_pypi
     on_mirror = check_wheels.pip_command(row, *args, ["https://mirror.example/simple"], tmp_path, tmp_path / "r.json")
     assert "--uploaded-prior-to" not in on_mirror, on_mirror
+
+
+def test_a_pass_against_pypi_as_of_a_fixed_time_is_remembered_until_an_input_changes(tmp_path, monkeypatch, capsys):
+    """A pass on PyPI as of pypi_as_of is remembered (make lint then asks neither pip nor the
+    index); a changed requirements.txt, an expired entry, a failure or a mirror ask pip again."""
+    asked, probed = [], []
+    verdict = {"ok": True}
+    monkeypatch.setattr(check_wheels, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(check_wheels, "probe", lambda url, env: probed.append(url))
+    monkeypatch.setattr(check_wheels, "check_row", lambda row, platform, python, *a, **k: (
+        asked.append((row["name"], platform, python)) or (verdict["ok"], "27 packages in 4.2 s")))
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "CHECK_WHEELS_CACHE", "CHECK_WHEELS_PIP"):
+        monkeypatch.delenv(name, raising=False)
+    checks = len(check_wheels.targets(versions.row(DEFAULT), versions.DATA["standin"]))
+
+    def lint():
+        asked.clear(), probed.clear()
+        rc = check_wheels.main(["--row", DEFAULT])
+        return rc, capsys.readouterr().out
+
+    rc, out = lint()
+    assert (rc, len(asked), len(probed)) == (0, checks, 1) and "cached" not in out, out
+    rc, out = lint()
+    assert (rc, asked, probed) == (0, [], []), f"unchanged inputs asked pip again: {asked}\n{out}"
+    assert out.count("(cached: these inputs passed 0 h ago") == checks, out
+
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(check_wheels.REQUIREMENTS.read_text() + "six==1.16.0\n")
+    monkeypatch.setattr(check_wheels, "REQUIREMENTS", requirements)
+    rc, out = lint()
+    assert (rc, len(asked)) == (0, checks), f"a changed requirements.txt was answered from the cache:\n{out}"
+
+    for entry in (tmp_path / "cache").glob("*.json"):  # a week old: past CACHE_DAYS
+        entry.write_text(json.dumps({**json.loads(entry.read_text()), "at": 0}))
+    verdict["ok"] = False
+    rc, out = lint()
+    assert (rc, len(asked)) == (1, checks), f"an expired pass was used:\n{out}"
+    rc, out = lint()
+    assert (rc, len(asked)) == (1, checks), f"a failure was remembered:\n{out}"
+
+    verdict["ok"] = True
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # a mirror: PyPI's cutoff does not apply
+    lint()
+    rc, out = lint()
+    assert (rc, len(asked)) == (0, checks), f"a mirror's answer was remembered:\n{out}"

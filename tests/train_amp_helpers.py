@@ -4,7 +4,7 @@ import io
 import re
 import tarfile
 
-from conftest import remove_containers
+from conftest import SLOWDOWN, remove_containers
 
 import docker
 
@@ -40,7 +40,7 @@ def run_to_end(docker_client, image_ref, command, timeout=600, **kwargs):
     The caller removes the container."""
     c = docker_client.containers.run(image_ref, command, detach=True, shm_size="1g", **kwargs)
     try:
-        code = c.wait(timeout=timeout)["StatusCode"]
+        code = c.wait(timeout=timeout * SLOWDOWN)["StatusCode"]
     except Exception:
         remove_containers([c])  # a timed-out run must not outlive the test
         raise

@@ -20,8 +20,13 @@ jupyter_pid="" sshd_pid=""
 # make run passes it with --stop-timeout, make stop with -t, compose as stop_grace_period). Jobs
 # get all but the last 3 s; JupyterLab and sshd are stopped after them and get the rest.
 stop_timeout=${STOP_TIMEOUT:-10}
-if ! [[ $stop_timeout =~ ^[0-9]{1,5}$ ]] || [ "$stop_timeout" -lt 4 ]; then
-  log_warn "STOP_TIMEOUT='$stop_timeout' is not a number of seconds from 4 up: using 10. Fix: -e STOP_TIMEOUT=<the seconds docker stop -t gives, e.g. 60>"
+# Only docker decides when the container is killed (--stop-timeout, docker stop -t): say what a
+# bad value means for the jobs, not that another value is "used".
+if [[ $stop_timeout =~ ^[0-9]{1,5}$ ]] && [ "$stop_timeout" -lt 4 ]; then
+  log_warn "STOP_TIMEOUT=$stop_timeout: if docker stop gives the container that too (make run passes it as --stop-timeout), it kills jobs in tmux, terminals and docker exec at once, before they can save a checkpoint; only where docker stop gives 10 s or more do they get 7 s. Fix: STOP_TIMEOUT=<4 or more, e.g. 60> (make run/stop), or -e STOP_TIMEOUT=<s> --stop-timeout <s>"
+  stop_timeout=10
+elif ! [[ $stop_timeout =~ ^[0-9]{1,5}$ ]]; then
+  log_warn "STOP_TIMEOUT='$stop_timeout' is not a number of seconds: jobs get 7 s to save on a stop, which holds only if docker stop gives the container 10 s or more (Docker's default is 10). Fix: -e STOP_TIMEOUT=<s> --stop-timeout <s>, the same whole seconds, e.g. 60"
   stop_timeout=10
 fi
 own_pgid=$(ps -o pgid= -p $$ | tr -d ' ')

@@ -14,6 +14,36 @@ case ",$(awk '$5 == "/" { print $6 }' /proc/self/mountinfo | tail -n 1)," in
   *,ro,*) ROOT_READONLY=1 ;;
 esac
 
+# _acl_support: "yes" when /workspace's filesystem has POSIX ACLs, "no" when it has none (btrfs
+# -o noacl, NFSv4, many NFSv3 exports: setfacl fails there with "Operation not supported"), ""
+# when that cannot be told. Only reads: such a filesystem refuses even to look up the ACL
+# attribute (EOPNOTSUPP), one with ACLs says there is none (ENODATA). /usr/bin/python3 -I -S:
+# the system interpreter without site-packages, so nothing dev can write runs as root.
+_acl_support() {
+  /usr/bin/python3 -I -S -c '
+import errno, os, sys
+try:
+    os.getxattr("/workspace", "system.posix_acl_access")
+except OSError as e:
+    sys.exit(3 if e.errno == errno.EOPNOTSUPP else 0 if e.errno == errno.ENODATA else 4)
+' 2>/dev/null
+  case $? in 0) echo yes ;; 3) echo no ;; *) echo "" ;; esac
+}
+
+# _root_owned_fix UID GID: the host step that lets UID write root's own checkout while root stays
+# its owner (HOST_UID=$(id -u) would be 0, refused; chown to UID makes root's git refuse the
+# checkout as "dubious ownership"): an ACL, or where the filesystem has none, group write.
+_root_owned_fix() {
+  local acl="setfacl -R -m u:$1:rwX -m d:u:$1:rwX <dir> (apt-get install acl)"
+  local group="chgrp -R $2 <dir> && chmod -R g+rwX <dir> && find <dir> -type d -exec chmod g+s {} + (GID $2 is $NB_USER's group; root stays the owner)"
+  local owner="chown -R $1:$2 <dir> (root's git then needs: git config --global --add safe.directory <dir>)"
+  case $(_acl_support) in
+    yes) echo "one step on the host as root (root stays the owner): $acl, then start the container again" ;;
+    no) echo "this filesystem has no ACLs (setfacl fails on it: NFS, btrfs -o noacl), so on the host as root give $NB_USER's group write: $group; or hand the checkout over: $owner. Then start the container again" ;;
+    *) echo "one step on the host as root (root stays the owner): $acl, then start the container again; where the filesystem has no ACLs (setfacl: Operation not supported), give $NB_USER's group write instead: $group" ;;
+  esac
+}
+
 # _workspace_unwritable_reason UID: why that user cannot write /workspace, with the fix.
 _workspace_unwritable_reason() {
   case ",$_ws_opts," in
@@ -29,7 +59,7 @@ _workspace_unwritable_reason() {
     # A root-owned checkout (root on a cloud VM): HOST_UID=$(id -u) would be 0, which is refused,
     # and a chown to $1 makes git refuse the checkout to root ("dubious ownership"). An ACL
     # lets UID $1 write while root stays the owner.
-    echo "/workspace belongs to root (mode $(stat -c %a /workspace)) and $NB_USER (UID $1) cannot write it: notebooks and files cannot be saved. Fix, one step on the host as root (root stays the owner): setfacl -R -m u:$1:rwX -m d:u:$1:rwX <dir> (apt-get install acl), then start the container again"; return
+    echo "/workspace belongs to root (mode $(stat -c %a /workspace)) and $NB_USER (UID $1) cannot write it: notebooks and files cannot be saved. Fix, $(_root_owned_fix "$1" "$(id -g "$NB_USER")")"; return
   fi
   echo "/workspace (owner $(stat -c %u:%g /workspace), mode $(stat -c %a /workspace)) is not writable by UID $1: notebooks and files cannot be saved. Fix: -e HOST_UID=\$(id -u) -e HOST_GID=\$(id -g), or on the host: chown \$(id -u):\$(id -g) <dir>"
 }
@@ -43,6 +73,9 @@ _workspace_check_readable() {
   owner=$(stat -c %u /workspace); mode=$(stat -c %a /workspace)
   if [ "$owner" = "$uid" ]; then
     fix="on the host, give the owner access back: chmod u+rwx <dir>"
+  elif [ "$owner" = 0 ] && [ "$(id -u)" = 0 ]; then
+    # Root's own checkout (cloned with umask 077): chown to 0, HOST_UID=0 and o+rx cannot help.
+    fix=$(_root_owned_fix "$uid" "$(id -g "$NB_USER")")
   elif [ "$(id -u)" != 0 ]; then
     fix="--user \$(stat -c %u:%g <dir>) to match the directory's owner, or on the host: chmod o+rx <dir>"
   else
@@ -109,7 +142,8 @@ if [ "$(id -u)" != 0 ]; then
   if [ ! -w /workspace ]; then
     log_error "$(_workspace_unwritable_reason "$(id -u)")"
   fi
-  unset _ws_opts; unset -f _workspace_unwritable_reason _pick_home _workspace_check_readable _nonroot_how
+  unset _ws_opts; unset -f _workspace_unwritable_reason _pick_home _workspace_check_readable _nonroot_how \
+    _acl_support _root_owned_fix
   return 0
 fi
 
@@ -267,4 +301,4 @@ _user_step() {
 _user_step
 unset _ws_opts _PRIVILEGED_GROUPS _TAKEN
 unset -f _user_step _need_caps _id_from _id_taken _workspace_unwritable_reason _pick_home \
-  _workspace_check_readable _nonroot_how
+  _workspace_check_readable _nonroot_how _acl_support _root_owned_fix
