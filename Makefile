@@ -76,6 +76,7 @@ PIP_TRUSTED_HOST ?=## hosts pip may use without valid HTTPS during the build (sp
 APT_MIRROR  ?=## scheme://host[/prefix] that replaces the apt sources' scheme://host for the build
 KEEP_MIRRORS ?=## 1: the image keeps the build's apt/pip mirrors for its users (their URLs are then in a layer)
 PYPI_AS_OF  ?= $(V_PYPI_AS_OF)## install the Python packages PyPI had at this time (pip --uploaded-prior-to; not through a pip mirror); empty: the newest
+OS_UPDATES  ?=## the apt layers' cache key: they apply the distribution's updates once per key (empty: this ISO week, e.g. 2026-W50; any new value: now)
 BUILD_OPTS  ?=## extra docker build flags, e.g. --network host (a mirror on this host's 127.0.0.1)
 TARGET      ?= runtime## the Dockerfile stage make build builds (the image: runtime)
 PLATFORM    ?=## one platform to build, e.g. linux/arm64 (one the row publishes: versions.json platforms); empty = this host's
@@ -110,7 +111,7 @@ DOCKER      ?= /usr/bin/docker## the Docker client (Debian's 20.10 does BuildKit
 export DOCKER_BUILDKIT := 1
 GIT_SHA     := $(V_GIT_SHA)
 BUILD_INFO_OPTS = --python $(call q,$(PYTHON_VERSION)) --base $(call q,$(BASE_IMAGE)) --tag $(call q,$(TAG)) \
-  --pypi-as-of $(call q,$(PYPI_AS_OF))
+  --pypi-as-of $(call q,$(PYPI_AS_OF)) $(if $(OS_UPDATES),--os-updates $(call q,$(OS_UPDATES)))
 TEST_VENV   := .venv-test
 GPU_FLAGS   = $(shell $(call q,$(DOCKER)) info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo --gpus all)
 # What make run/build would use, for scripts/doctor.py: `make doctor` checks all of it; run and
@@ -280,8 +281,9 @@ generate: ## Write the files that repeat versions.json (compose, devcontainer, D
 # The Python the image runs with the base's python3 (the venv's): vermin reads it for calls newer than
 # the oldest row's Python (3.10 on the default row's base; the stand-in's 3.11 would run them).
 IMAGE_PYTHON = train_amp.py trainamp smoke_tests docker/build $(shell git grep -l '^\#!.*python' -- docker/rootfs)
-lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, vermin, actionlint, schemas, wheels
+lint: test-deps ## Generated files up to date; CVE policy dates; hadolint, shellcheck, ruff, vermin, actionlint, schemas, wheels
 	python3 scripts/generate.py --check
+	python3 scripts/cve_gate.py lint --policy $(call q,$(CVE_POLICY))
 	$(if $(filter 0,$(CHECK_WHEELS)),@echo 'check_wheels: SKIPPED (CHECK_WHEELS=0): no row was checked for wheels on its Python',$(TEST_VENV)/bin/python scripts/check_wheels.py)
 	$(TEST_VENV)/bin/hadolint docker/Dockerfile tests/slurm-node/Dockerfile examples/derived/Dockerfile
 	$(TEST_VENV)/bin/shellcheck -x $(shell git ls-files '*.sh' '*.sbatch' .ci/run docker/rootfs/usr/local/bin)
@@ -291,6 +293,13 @@ lint: test-deps ## Generated files up to date; hadolint, shellcheck, ruff, vermi
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
 	$(TEST_VENV)/bin/check-jsonschema --builtin-schema vendor.dependabot .github/dependabot.yml
+
+# The CVE policy (SECURITY.md): an allowlist entry past its review_by fails make lint, so CI goes
+# red on the day, naming the entry. No prerequisites: it reads one JSON file.
+CVE_POLICY  ?= security/cve-policy.json## the CVE policy make lint and make cve-lint check
+.PHONY: cve-lint
+cve-lint: ## Check the CVE policy: no allowlist entry past its review date (part of make lint)
+	python3 scripts/cve_gate.py lint --policy $(call q,$(CVE_POLICY))
 
 bench: build test-deps ## Start-up benchmark: docker run -> Jupyter, -> SSH login, docker stop
 	$(TEST_VENV)/bin/python benchmarks/bench_startup.py --image $(call q,$(REF)) --runs 5
@@ -371,6 +380,15 @@ pypi-bump: test-deps ## What moving versions.json's pypi_as_of to TO changes per
 	$(TEST_VENV)/bin/python scripts/pypi_bump.py $(if $(TO),--to $(call q,$(TO))) $(if $(filter 1,$(WRITE)),--write) \
 	  $(if $(BUMP_MARKDOWN),--markdown $(call q,$(BUMP_MARKDOWN)))
 
+# The base's own updates (docs/building.md#pinning-the-base): NVIDIA re-pushes its tags; builds use
+# the pinned digest. The monthly base-bump workflow opens the move as a pull request.
+.PHONY: base-bump
+UPSTREAM_REGISTRY ?=## make base-bump: ask this registry (host[:port]) for the base tags instead of their own (a mirror)
+base-bump: ## Does each row's base tag name another digest upstream than versions.json pins? WRITE=1 moves the pins
+	python3 scripts/base_bump.py check $(if $(filter 1,$(WRITE)),--write) $(if $(BUMP_MARKDOWN),--markdown $(call q,$(BUMP_MARKDOWN))) \
+	  $(if $(UPSTREAM_REGISTRY),--upstream $(call q,$(UPSTREAM_REGISTRY)))
+	$(if $(filter 1,$(WRITE)),python3 scripts/generate.py)
+
 .PHONY: tags push manifest
 tags: ## Print the tags make push publishes: descriptive, sha-<sha>, then the moving ones
 	@printf '%s\n' $(call q,$(TAG)) "$$(python3 scripts/build_info.py sha-tag $(ROW_ARG) --sha $(call q,$(GIT_SHA)))" \
@@ -382,5 +400,7 @@ push: ## Push REF to REGISTRY under every tag, pull back by digest, verify (FORC
 	  --worktree $(call q,$(PUSH_WORKTREE)) --record $(call q,$(PUBLISH_DIR)) $(if $(filter 1,$(FORCE)),--force) \
 	  $(if $(FLAVOUR),--flavour $(call q,$(FLAVOUR))) $(if $(filter 1,$(ZSTD)),--zstd-level $(call q,$(ZSTD_LEVEL)))
 
-manifest: ## Write REF's package manifest (versions, pip, dpkg, labels, digest) to PUBLISH_DIR
-	DOCKER=$(call q,$(DOCKER)) python3 scripts/manifest.py --image $(call q,$(REF)) --out $(call q,$(PUBLISH_DIR)) --tag $(call q,$(TAG))
+SCAN        ?=## make manifest: counts by severity of a scan of REF (scripts/cve_gate.py gate --counts), added to it
+manifest: ## Write REF's package manifest (versions, pip, dpkg, labels, digest; SCAN: vulnerability counts) to PUBLISH_DIR
+	DOCKER=$(call q,$(DOCKER)) python3 scripts/manifest.py --image $(call q,$(REF)) --out $(call q,$(PUBLISH_DIR)) --tag $(call q,$(TAG)) \
+	  $(if $(SCAN),--scan $(call q,$(SCAN)))

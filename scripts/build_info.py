@@ -6,10 +6,11 @@ them: the Makefile, push.py and the workflows ask it.
 Usage: build_info.py make-vars [--row NAME] [--python X.Y]
                          print Makefile assignments (V_<FIELD>:=value; V_TAG, V_GIT_SHA, ...)
        build_info.py build-args [--row NAME] [--python X.Y] [--base REF] [--tag TAG]
-                                [--source URL] [--pypi-as-of TIME] [--docker]
+                                [--source URL] [--pypi-as-of TIME] [--os-updates KEY] [--docker]
                          print KEY=VALUE build args (docker/build-push-action), or with
                          --docker the `--build-arg KEY=VALUE` words `make build` passes;
-                         --pypi-as-of: PyPI as of TIME ("": the newest), else versions.json's
+                         --pypi-as-of: PyPI as of TIME ("": the newest), else versions.json's;
+                         --os-updates: the apt layers' cache key (default: this ISO week)
        build_info.py moving-tags [--row NAME]
                          print the moving tags of a row, space-separated
        build_info.py sha-tag [--row NAME] [--sha SHA]
@@ -29,6 +30,7 @@ Usage: build_info.py make-vars [--row NAME] [--python X.Y]
        build_info.py labels [--row NAME] [--sha SHA]
                          print the KEY=VALUE labels a published image must carry
 """
+import datetime
 import pathlib
 import shlex
 import subprocess
@@ -89,7 +91,14 @@ def git_source(worktree=HERE):
     return _git(worktree, "config", "--get", "remote.origin.url").stdout.strip() or "local"
 
 
-def build_args(r, python=None, base=None, version=None, source=None, pypi_as_of=None):
+def os_updates_week(today=None):
+    """The ISO week (2026-W50) whose distribution updates a build applies: the apt layers' cache key,
+    so they are rebuilt, with the fixes published since, at the first build of each week."""
+    year, week, _ = (today or datetime.datetime.now(datetime.UTC).date()).isocalendar()
+    return f"{year}-W{week:02d}"
+
+
+def build_args(r, python=None, base=None, version=None, source=None, pypi_as_of=None, os_updates=None):
     """Every --build-arg of docker/Dockerfile. A new build arg is one line here."""
     return {
         "BASE_IMAGE": base or versions.base_image(r),
@@ -109,6 +118,13 @@ def build_args(r, python=None, base=None, version=None, source=None, pypi_as_of=
         "SOURCE": source or git_source(),
         # PyPI as it was then (versions.json: pypi_as_of); "" (make build PYPI_AS_OF=): the newest.
         "PYPI_AS_OF": versions.pypi_as_of() if pypi_as_of is None else pypi_as_of,
+        # The distribution's updates as of this week (docker/build/apt-install.sh); any other
+        # value (make build OS_UPDATES=2026-12-07b) rebuilds the apt layers now.
+        "OS_UPDATES": os_updates or os_updates_week(),
+        # The row's future, as labels (versions.json legacy, rebuilds_until, new_projects).
+        "ROW_LEGACY": str(versions.support(r)["legacy"]).lower(),
+        "ROW_REBUILDS_UNTIL": versions.support(r)["rebuilds_until"],
+        "ROW_NEW_PROJECTS": versions.support(r)["new_projects"],
     }
 
 
@@ -148,7 +164,8 @@ def main(argv):
         print(f"V_PYPI_AS_OF:={versions.pypi_as_of()}")
     elif cmd == "build-args":
         base, version, source, as_of = opt("--base"), opt("--tag"), opt("--source"), opt("--pypi-as-of")
-        items = build_args(r, python, base or None, version or None, source, as_of).items()
+        items = build_args(r, python, base or None, version or None, source, as_of,
+                           opt("--os-updates") or None).items()
         if "--docker" in args:
             print(" ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in items))
         else:

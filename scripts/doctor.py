@@ -487,7 +487,7 @@ def doctor(h, o, row):
     docker_ok = rows[0].status == OK
     if docker_ok:
         rows += check_buildkit(h)
-    rows += check_driver(h, row) + check_gpu_flavour(h, row) + check_runtime(h)
+    rows += check_driver(h, row) + check_gpu_flavour(h, row) + doctor_gpu.check_row_support(row) + check_runtime(h)
     if docker_ok:
         rows += check_gpu_container(h, o.image)
         rows += check_disk(h, o.image)

@@ -103,6 +103,20 @@ def mig_slices(listing):
     return count
 
 
+def check_row_support(row):
+    """doctor's row: whether make run's row is the legacy one, until when it is rebuilt, and the
+    row a new project should start on (versions.json legacy, rebuilds_until, new_projects)."""
+    sup = versions.support(row)
+    until = sup["rebuilds_until"] or "no end set yet"
+    if sup["legacy"]:
+        start = versions.row(sup["new_projects"])
+        return [Row(OK, "row", f"{row['name']} is the legacy row: rebuilt weekly until {until}, then frozen. "
+                               f"A new project should start on {start['name']}: {tag_hint(start)}")]
+    if row["name"] == sup["new_projects"]:
+        return [Row(OK, "row", f"{row['name']}: the row new projects start on; rebuilt weekly ({until})")]
+    return [Row(OK, "row", f"{row['name']}: rebuilt weekly until {until}; new projects start on {sup['new_projects']}")]
+
+
 def check_gpu_rows(gpus, row, platform, mig_listing=None):
     """doctor's rows: per distinct GPU model, which rows run on it and which is recommended
     (FAIL when make run's row cannot); per MIG-enabled GPU, what the container sees."""

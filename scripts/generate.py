@@ -76,9 +76,15 @@ ROW_BLOCKS = {
 
 
 def rebuilds_table():
-    """docs/support.md: the last day each row is rebuilt (versions.json rebuilds_until)."""
-    return "| Row | Descriptive tag | Rebuilt weekly until |\n|---|---|---|\n" + "".join(
-        f"| `{r['name']}` | `{build_info.tag(r)}` | {r.get('rebuilds_until') or 'no end set yet (at least 6 months after a newer torch row joins)'} |\n"
+    """docs/support.md: the last day each row is rebuilt (versions.json rebuilds_until), which is
+    legacy, and the row a new project starts on."""
+    def status(r):
+        sup = versions.support(r)
+        if sup["legacy"]:
+            return f"legacy: start new projects on `{sup['new_projects']}`"
+        return "start new projects here" if r["name"] == sup["new_projects"] else "current"
+    return "| Row | Descriptive tag | Rebuilt weekly until | Status |\n|---|---|---|---|\n" + "".join(
+        f"| `{r['name']}` | `{build_info.tag(r)}` | {r.get('rebuilds_until') or 'no end set yet (at least 6 months after a newer torch row joins)'} | {status(r)} |\n"
         for r in versions.DATA["matrix"])
 
 
@@ -105,7 +111,14 @@ def values(r):
                nvidia_require_cuda=versions.nvidia_require_cuda(r),
                tags=", ".join(f"`{t}`" for t in [build_info.tag(r)] + r.get("moving_tags", [])),
                platforms=", ".join(f"`{p}`" for p in r["platforms"]))
-    out.setdefault("label", " (default)" if r["name"] == versions.DATA["default"] else "")
+    sup = versions.support(r)
+    legacy = (f", **legacy**: rebuilt until {sup['rebuilds_until']}; new projects start on `{sup['new_projects']}`"
+              if sup["legacy"] else "")
+    default = r["name"] == versions.DATA["default"]
+    out.setdefault("label", f" (default{legacy})" if default else (f" ({legacy[2:]})" if legacy else ""))
+    if r["name"] == sup["new_projects"]:
+        label = out["label"]
+        out["label"] = (label[:-1] + "; start new projects here)") if label.endswith(")") else " (start new projects here)"
     out.setdefault("min_driver_note", "")
     return out
 

@@ -4,7 +4,10 @@ as Markdown and JSON, beside the publish record (`make manifest` runs this).
 
 The build already writes /usr/share/team-image/{versions.json,pip-freeze.txt,dpkg.txt};
 this copies them out of a created (never started) container, so nothing in the image runs.
-Usage: manifest.py --image REF [--out DIR] [--tag TAG]  ->  DIR/<tag>.manifest.md and DIR/<tag>.manifest.json
+Usage: manifest.py --image REF [--out DIR] [--tag TAG] [--scan COUNTS]
+  -> DIR/<tag>.manifest.md and DIR/<tag>.manifest.json; COUNTS (scripts/cve_gate.py gate --counts)
+  adds the release scan's findings by severity (all, fixable, allowlisted), so two tags compare
+  without a scanner.
 """
 import argparse
 import datetime
@@ -47,6 +50,24 @@ def extract(image):
         docker("rm", "-v", cid)
 
 
+def vulnerabilities(scan):
+    """The manifest's section on a scan's counts (scripts/cve_gate.py gate --counts), a table by severity."""
+    if not scan:
+        return ""
+    rows = "\n".join(f"| {sev.capitalize()} | {c['all']} | {c['fixable']} | {c['allowlisted']} |"
+                     for sev, c in scan["counts"].items() if c["all"])
+    return f"""
+## Vulnerabilities ({scan["scanner"]}, database of {scan.get("db_built") or "?"})
+
+Policy (security/cve-policy.json): {", ".join(scan["policy_fail_on"])} findings with a fix fail the
+release unless allowlisted with a reason and a review date. Verdict: **{scan["verdict"]}**.
+
+| Severity | Found | Fixable | Allowlisted |
+|---|---|---|---|
+{rows or "| (none) | 0 | 0 | 0 |"}
+"""
+
+
 def markdown(m):
     labels = "\n".join(f"| `{k}` | `{v}` |" for k, v in sorted(m["labels"].items()))
     versions = "\n".join(f"| {k} | `{v}` |" for k, v in sorted(m["versions"].items()))
@@ -65,7 +86,7 @@ def markdown(m):
 | Component | Version |
 |---|---|
 {versions}
-
+{vulnerabilities(m.get("vulnerabilities"))}
 ## Labels
 
 | Label | Value |
@@ -91,8 +112,19 @@ def main(argv):
     ap.add_argument("--image", required=True)
     ap.add_argument("--out", default="artifacts/publish")
     ap.add_argument("--tag", help="names the output files (default: the tag in --image)")
+    ap.add_argument("--scan", help="a scan's counts by severity (scripts/cve_gate.py gate --counts)")
     args = ap.parse_args(argv)
 
+    scan = None
+    if args.scan:
+        try:
+            scan = json.loads(pathlib.Path(args.scan).read_text())
+        except (OSError, ValueError) as e:
+            log("ERROR", f"--scan {args.scan}: cannot read it as JSON: {e}")
+            sys.exit(1)
+        if not isinstance(scan, dict) or not isinstance(scan.get("counts"), dict):
+            log("ERROR", f"--scan {args.scan} has no counts: write it with scripts/cve_gate.py gate --counts")
+            sys.exit(1)
     attrs = json.loads(docker("image", "inspect", args.image))[0]
     files = extract(args.image)
     last = args.image.rsplit("/", 1)[-1]
@@ -118,6 +150,7 @@ def main(argv):
         "versions": json.loads(files["versions.json"]),
         "pip": files["pip-freeze.txt"].split(),
         "dpkg": files["dpkg.txt"].split(),
+        "vulnerabilities": scan,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{tag}.manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

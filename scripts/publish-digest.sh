@@ -4,7 +4,9 @@
 # ZSTD_DIGEST, the same again for the zstd-layered image under every tag + "-zstd".
 # Usage: scripts/publish-digest.sh REPOSITORY DIGEST ROW [ZSTD_DIGEST]
 #   IMMUTABLE, MOVING: the tags, as `build_info.py ci-tags` prints them; FORCE=1 replaces an
-#   immutable tag that already names another digest. Needs docker buildx and a registry login.
+#   immutable tag that already names another digest. SCANS: a folder of <arch>.scan.json (the
+#   release scan's counts by severity, scripts/cve_gate.py), copied beside each manifest as
+#   <tag>[.<platform>].scan.json and summed up in it. Needs docker buildx and a registry login.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repository=$1 digest=$2 row=$3 zstd_digest=${4:-}
@@ -33,7 +35,9 @@ publish() {  # DIGEST SUFFIX: every tag + SUFFIX at DIGEST, checked, with its pa
     docker pull -q --platform "$platform" "$repository@$digest" >/dev/null
     name=$first
     [ "${#platforms[@]}" -eq 1 ] || name="$first.${platform//\//-}"
-    make manifest REF="$repository@$digest" TAG="$name"
+    scan=${SCANS:+$SCANS/${platform#linux/}.scan.json}
+    make manifest REF="$repository@$digest" TAG="$name" ${scan:+SCAN="$scan"}
+    [ -z "$scan" ] || cp "$scan" "artifacts/publish/$name.scan.json"
     docker image rm "$repository@$digest" >/dev/null  # the next platform's pull of the same digest
   done
 }

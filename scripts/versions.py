@@ -51,6 +51,18 @@ def base_image(r):
     return f"{r['base_image']}@{digest}" if digest else r["base_image"]
 
 
+def support(r):
+    """What a row's users are told about its future (README, docs/support.md, make doctor, labels):
+    {legacy, rebuilds_until, new_projects}. A legacy row must say until when it is rebuilt, and the
+    row new projects start on must exist and not be legacy."""
+    start = DATA.get("new_projects") or DATA["default"]
+    if start not in {x["name"] for x in DATA["matrix"]} or row(start).get("legacy"):
+        sys.exit(f"versions.py: new_projects {start!r} must name a versions.json row that is not legacy")
+    if r.get("legacy") and not r.get("rebuilds_until"):
+        sys.exit(f"versions.py: row {r['name']} is legacy but has no rebuilds_until: say until when it is rebuilt")
+    return {"legacy": bool(r.get("legacy")), "rebuilds_until": r.get("rebuilds_until", ""), "new_projects": start}
+
+
 def nvidia_require_cuda(r):
     """The image's NVIDIA_REQUIRE_CUDA, checked by the NVIDIA Container Toolkit before start (its
     syntax: a space separates alternatives, a comma joins conditions). PyTorch's CUDA wheels run

@@ -9,6 +9,7 @@ import json
 
 import doctor_gpu  # scripts/ (conftest.py puts it on sys.path)
 import pytest
+import versions
 from test_doctor import FakeHost, status
 
 BLACKWELL_ROW = "2.15.0-cuda13.2"
@@ -150,3 +151,17 @@ def test_versions_json_kernels_are_the_images(run_in_image):
     row = next(r for r in doctor_gpu.versions.DATA["matrix"] if r["name"] == record["row"])
     assert row["kernels"].get(record["platform"]) == record["cuda_arch_list"], \
         f"versions.json {row['name']} {record['platform']}: {row['kernels']}; the image: {record['cuda_arch_list']}"
+
+
+def test_the_legacy_row_is_said_with_its_last_rebuild_and_the_row_to_start_on(host):
+    """make doctor on the legacy row should say so, until when it is rebuilt, and which row a new project takes."""
+    gpus(host, "550.54.15, NVIDIA H100 80GB HBM3, 9.0, Disabled")
+    _, out = host.run()
+    s, row = status(out, "row")
+    legacy = versions.row(versions.DATA["default"])
+    start = versions.DATA["new_projects"]
+    assert legacy.get("legacy") and s == "OK", out
+    assert f"{legacy['name']} is the legacy row: rebuilt weekly until {legacy['rebuilds_until']}" in row, row
+    assert f"A new project should start on {start}: ROW={start}" in row, row
+    _, out = host.run("doctor", "--row", start)
+    assert f"{start}: the row new projects start on" in status(out, "row")[1], out

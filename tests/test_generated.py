@@ -4,9 +4,12 @@ may be edited by hand or left stale when versions.json changes."""
 import json
 import shutil
 import subprocess
+import sys
 
+import build_info
 import generate  # the list of generated files and blocks (scripts/generate.py)
 import pytest
+import versions
 from conftest import ROOT
 
 # Files, scripts and fakes only: .ci/run runs this file beside the container tests.
@@ -71,3 +74,39 @@ def test_a_new_version_makes_every_generated_file_stale(copy_of_repo):
     assert check(copy_of_repo).returncode == 0, "generate.py did not bring them up to date"
     assert "team-dl:9.8.7-cuda13.9-" in (copy_of_repo / "docker-compose.yml").read_text()
     assert "ARG MIN_DRIVER=999.1.2\n" in (copy_of_repo / "docker" / "Dockerfile").read_text()
+
+
+def test_the_legacy_row_is_said_in_the_flavour_table_the_support_page_and_the_labels():
+    """versions.json's legacy row should be called legacy, with its rebuilds_until and the row to start on, everywhere."""
+    legacy = [r for r in versions.DATA["matrix"] if r.get("legacy")]
+    start = versions.DATA["new_projects"]
+    assert legacy and start not in {r["name"] for r in legacy}
+    readme = (ROOT / "README.md").read_text()
+    support = (ROOT / "docs" / "support.md").read_text()
+    for r in legacy:
+        assert (f"`{r['name']}` (default, **legacy**: rebuilt until {r['rebuilds_until']}; "
+                f"new projects start on `{start}`)") in readme
+        assert f"| {r['rebuilds_until']} | legacy: start new projects on `{start}` |" in support
+        args = build_info.build_args(r)
+        assert (args["ROW_LEGACY"], args["ROW_REBUILDS_UNTIL"], args["ROW_NEW_PROJECTS"]) == \
+            ("true", r["rebuilds_until"], start), args
+    assert build_info.build_args(versions.row(start))["ROW_LEGACY"] == "false"
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    for label, arg in (("legacy", "ROW_LEGACY"), ("rebuilds_until", "ROW_REBUILDS_UNTIL"), ("new_projects", "ROW_NEW_PROJECTS")):
+        assert f'team.row.{label}="${{{arg}}}"' in dockerfile, label
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"new_projects": "2.6.0-cuda12.4"}, "must name a versions.json row that is not legacy"),
+    ({"new_projects": "9.9"}, "must name a versions.json row that is not legacy"),
+])
+def test_a_new_projects_row_that_is_legacy_or_missing_is_refused(tmp_path, change, says):
+    """versions.py should refuse a new_projects that names a legacy or unknown row."""
+    data = json.loads((ROOT / "versions.json").read_text())
+    data.update(change)
+    (tmp_path / "scripts").mkdir()
+    shutil.copy2(ROOT / "scripts" / "versions.py", tmp_path / "scripts")
+    (tmp_path / "versions.json").write_text(json.dumps(data))
+    r = subprocess.run([sys.executable, "-c", "import versions; versions.support(versions.row())"],
+                       cwd=tmp_path / "scripts", capture_output=True, text=True, check=False, timeout=30)
+    assert r.returncode != 0 and says in r.stderr, r.stderr

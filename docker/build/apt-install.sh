@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# apt-get install for Dockerfile RUN steps (bind-mounted at build time, never in a layer).
-# Trusts the BuildKit secret ca_bundle when given (TLS-inspecting proxy); keeps no lists.
+# apt-get install for Dockerfile RUN steps (bind-mounted at build time, never in a layer); with
+# --upgrade first, the distribution's pending updates before the packages named (if any).
+# Trusts the BuildKit secret ca_bundle when given (TLS-inspecting proxy); keeps no lists (a
+# cache mount holds them).
+# Usage: apt-install.sh [--upgrade] [PACKAGE...]
 set -euo pipefail
+upgrade=0
+if [ "${1:-}" = --upgrade ]; then upgrade=1; shift; fi
 ca=/run/secrets/ca_bundle
 opts=(-o Dpkg::Use-Pty=0)
 if [ -s "$ca" ]; then opts+=(-o "Acquire::https::CAInfo=$ca"); fi
@@ -32,4 +37,15 @@ fi
 # --error-on=any: an index that fails to download is an error, not a warning after which the
 # install would run from stale or missing lists.
 apt-get "${opts[@]}" update -qq --error-on=any
-apt-get "${opts[@]}" install -y -qq --no-install-recommends "$@" >/dev/null
+# The distribution's pending updates for what the base ships (libc6, libssl3, openssl, perl-base,
+# tar, ...): the pinned base keeps the versions of the day NVIDIA built it. All of the image's own
+# sources, not the security pocket alone: Ubuntu and Debian publish some CVE fixes (low and
+# medium priority ones, as stable release updates) to -updates only, and a scanner counts a
+# finding as fixed by the archive's version, wherever it is. upgrade, not dist-upgrade: nothing is
+# removed; --with-new-pkgs installs a new dependency a fix needs instead of holding the fix back.
+# The base's configuration files stay (confdef/confold: no prompt). docs/building.md: OS updates.
+if [ "$upgrade" = 1 ]; then
+  apt-get "${opts[@]}" upgrade -y -qq --with-new-pkgs --no-install-recommends \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold >/dev/null
+fi
+if [ $# -gt 0 ]; then apt-get "${opts[@]}" install -y -qq --no-install-recommends "$@" >/dev/null; fi
