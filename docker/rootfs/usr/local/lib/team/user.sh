@@ -20,7 +20,7 @@ as_nb_user() {
   local prefix=()
   # As root: the user's PATH back (see above), by env's absolute path, not searched for.
   [ "$(id -u)" = 0 ] && prefix=(setpriv --reuid="$NB_USER" --regid="$NB_USER" --init-groups
-    /usr/bin/env PATH="${TEAM_USER_PATH:-$PATH}")
+    /usr/bin/env -u TEAM_USER_PATH PATH="${TEAM_USER_PATH:-$PATH}")
   if [ "${1:-}" = --exec ]; then
     shift
     exec "${prefix[@]}" "$@"
