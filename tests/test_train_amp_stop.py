@@ -130,3 +130,23 @@ def test_a_run_whose_terminal_hangs_up_saves_and_exits_0(run_in_image):
     status, ckpt, out = run_stop(run_in_image, f"hangup() {{ {HANG_UP}\n}}\nhangup {shlex.quote(JOB_800)}")
     assert status == 0, f"a hung-up run should save and exit 0, got {status}:\n{out[-4000:]}"
     assert_saved_mid_epoch(ckpt, out)
+
+
+# Minutes on 2 cores (torchrun's start, a rank's DataLoader workers) for a line of text, its
+# behaviour (torchrun's) not the project's: make test-slow.
+@pytest.mark.slow
+def test_a_stop_under_torchrun_says_torchruns_traceback_is_the_signal_not_a_crash(run_in_image):
+    """SIGTERM to a torchrun job's process group saves, but torchrun then exits 1 with a
+    SignalException traceback, which reads as a crash: the run's last line of its own should say
+    what that traceback means."""
+    status, ckpt, out = run_stop(run_in_image, f"""
+setsid torchrun --nproc-per-node 1 /usr/local/bin/{JOB_800} > log 2>&1 &
+pid=$!
+waitstep log $pid
+kill -TERM -- -$pid
+wait $pid; echo "EXIT $?"
+cat log""")
+    assert_saved_mid_epoch(ckpt, out)
+    assert re.search(r"^stopped by SIGTERM at epoch 1 .*checkpoint saved", out, re.MULTILINE), out[-4000:]
+    assert re.search(r"^under torchrun: .*SignalException.*not a crash", out, re.MULTILINE), (
+        f"no line saying what torchrun's traceback means (torchrun exited {status}):\n{out[-4000:]}")
