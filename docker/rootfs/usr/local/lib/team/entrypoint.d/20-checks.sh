@@ -32,8 +32,8 @@ _checks_step() {
   GPUS_AT_START=""
   _check_shm_and_memlock
 
-  # One start of the system's python3 (not the venv's, which dev can write: -I -S, no site
-  # packages, no .pth files; root-owned path) reads the build's record (versions.json's row, checked against
+  # One start of the system's python3 (not the venv's, which dev can write; -I -S: no site
+  # packages, no .pth files) reads the build's record (versions.json's row, checked against
   # what was installed): the banner, the minimum driver (versions.json min_driver), the torch and
   # CUDA versions the warnings name, and the GPU architectures torch has kernels for.
   local torch_line="" arch_list="" min_driver="" torch="" cuda="" platform=""

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Step 35: write the container's environment (docker run -e and the image's ENV) to
-# /etc/team/environment (root's, readable by dev's group only), which SSH sessions and tmux load; secrets and
-# what only the entrypoint reads (ENTRYPOINT_ONLY) are never written.
+# /etc/team/environment (root's, readable by dev's group only), which SSH sessions and tmux
+# load; secrets and what only the entrypoint reads (ENTRYPOINT_ONLY) are never written.
 # What the filter is for (docs/security.md: Secrets): keeping secrets out of a file in the
 # container's writable layer (docker commit/cp/export carry it) and out of every shell's `env`.
 # It is no wall between dev and its secrets: every process of dev can read /proc/PID/environ
