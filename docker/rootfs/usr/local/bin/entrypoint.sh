@@ -16,6 +16,8 @@ fi
 # user's -e variables aside) is listed here; a step uses nothing else from the ones before it.
 # Plain shell variables are for later steps only; exported ones also reach services.sh, and
 # from there Jupyter, or the command.
+#   user.sh        exports TEAM_USER_PATH (the PATH the user's processes get back; root's own
+#                          PATH holds system folders only)
 #   (here)         sets    START_SERVICES: 1 with no command (sshd + JupyterLab), 0 with one
 #   10-user.sh     sets    WORKSPACE_MOUNTED (/workspace is a mount), ROOT_READONLY (--read-only),
 #                          NONROOT_HOW NONROOT_FIX (a non-root start: how it came, how to undo it)
