@@ -508,3 +508,15 @@ def test_token_with_a_line_break_is_refused_with_the_fix(run_in_image, shape):
     assert re.search(r"^ERROR .*JUPYTER_TOKEN holds a line break.*Fix: ", logs, re.MULTILINE), (
         f"an ERROR should say what is wrong and the fix:\n{logs}")
     assert "READY" not in logs and secret not in logs, f"nothing should start or echo the token:\n{logs}"
+
+
+@pytest.mark.parametrize("token", ["a", "1234", "fifteen-chars-x"], ids=["1-char", "4-digits", "15-chars"])
+def test_a_token_too_short_to_resist_guessing_is_refused_with_the_fix(run_in_image, token):
+    """Container should refuse a JUPYTER_TOKEN under 16 characters (Jupyter has no rate limit:
+    "1234" on a published port is guessed in seconds), say how long it is and the fix, without
+    echoing it, and start nothing."""
+    code, logs = run_in_image(None, environment={"JUPYTER_TOKEN": token}, timeout=60)
+    assert code == 64, f"a {len(token)}-character token should stop the container with 64, got {code}:\n{logs}"
+    assert re.search(rf"^ERROR .*JUPYTER_TOKEN has {len(token)} characters, fewer than 16.*Fix: ", logs,
+                     re.MULTILINE), f"an ERROR should say what is wrong and the fix:\n{logs}"
+    assert "READY" not in logs, f"nothing should start:\n{logs}"

@@ -40,16 +40,16 @@ ENV_PROBE = ("stat -c 'MODE %U:%G %a' /etc/team/environment; cut -d= -f1 /etc/te
              " | sed -n 's/^export /NAME /p'")
 
 
-def test_environment_file_is_dev_only_and_leaves_out_tool_secrets(run_in_image):
-    """Container should write /etc/team/environment readable by dev only (mode 600), with the
-    variables SSH sessions need but none whose name says a tool's secret (GH_PAT, NPM_AUTH,
-    SENTRY_DSN...)."""
+def test_environment_file_is_roots_readable_by_dev_only_and_leaves_out_tool_secrets(run_in_image):
+    """Container should write /etc/team/environment as root's, readable by dev's group only (mode
+    640: dev's SSH sessions source it, so dev must not be able to change it), with the variables
+    SSH sessions need but none whose name says a tool's secret (GH_PAT, NPM_AUTH, SENTRY_DSN...)."""
     env = {name: secrets.token_hex(8) for name in (*TOOL_SECRETS, *NOT_SECRETS)}
     code, out = run_in_image(["bash", "-c", ENV_PROBE], environment={**env, "HOST_UID": "2345"})
     assert code == 0, f"the probe failed:\n{out}"
     mode = re.search(r"^MODE (.*)$", out, re.MULTILINE)
-    assert mode and mode.group(1) == "dev:dev 600", (
-        f"/etc/team/environment should be dev's, mode 600, is {mode and mode.group(1)!r}:\n{out}")
+    assert mode and mode.group(1) == "root:dev 640", (
+        f"/etc/team/environment should be root's, group dev, mode 640, is {mode and mode.group(1)!r}:\n{out}")
     written = set(re.findall(r"^NAME (\w+)$", out, re.MULTILINE))
     leaked = sorted(set(TOOL_SECRETS) & written)
     assert not leaked, f"secrets written for SSH sessions: {leaked}"

@@ -97,3 +97,56 @@ cat log""")
     assert status == 0, f"exited {status}:\n{out[-4000:]}"
     assert re.search(r"^epoch 1/1: train_loss", out, re.MULTILINE), out[-4000:]
     assert ckpt == (0, 4), f"the run's checkpoint should be at step 4, found {ckpt}:\n{out}"
+
+
+# A terminal that hangs up, as sshd's does when an SSH connection without tmux drops: the job
+# runs on a pseudo-terminal (pty.fork: it leads a session whose controlling terminal that is),
+# and once it has passed step 3 the terminal's other end is closed. The kernel then sends the
+# job SIGHUP, and its writes to the terminal fail (EIO). Prints "EXIT <status>" as a shell would.
+HANG_UP = r"""python3 - "$@" <<'EOF'
+import os, pty, re, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp("bash", ["bash", "-c", "exec " + sys.argv[1]])
+seen, deadline = b"", time.time() + 180
+while time.time() < deadline and not re.search(rb"step ([3-9]|[1-9][0-9]+)/100", seen):
+    try:
+        chunk = os.read(fd, 4096)
+    except OSError:
+        break
+    if not chunk:
+        break
+    seen += chunk
+os.close(fd)
+_, status = os.waitpid(pid, 0)
+print("EXIT", os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+EOF"""
+
+
+def test_a_run_whose_terminal_hangs_up_saves_and_exits_0(run_in_image):
+    """An SSH session without tmux that drops hangs up the job's terminal: SIGHUP, and every
+    write to the terminal fails. The run should save mid-epoch and exit 0, as on SIGTERM (it was
+    killed by SIGHUP: exit 129, no checkpoint)."""
+    status, ckpt, out = run_stop(run_in_image, f"hangup() {{ {HANG_UP}\n}}\nhangup {shlex.quote(JOB_800)}")
+    assert status == 0, f"a hung-up run should save and exit 0, got {status}:\n{out[-4000:]}"
+    assert_saved_mid_epoch(ckpt, out)
+
+
+# Minutes on 2 cores (torchrun's start, a rank's DataLoader workers) for a line of text, its
+# behaviour (torchrun's) not the project's: make test-slow.
+@pytest.mark.slow
+def test_a_stop_under_torchrun_says_torchruns_traceback_is_the_signal_not_a_crash(run_in_image):
+    """SIGTERM to a torchrun job's process group saves, but torchrun then exits 1 with a
+    SignalException traceback, which reads as a crash: the run's last line of its own should say
+    what that traceback means."""
+    status, ckpt, out = run_stop(run_in_image, f"""
+setsid torchrun --nproc-per-node 1 /usr/local/bin/{JOB_800} > log 2>&1 &
+pid=$!
+waitstep log $pid
+kill -TERM -- -$pid
+wait $pid; echo "EXIT $?"
+cat log""")
+    assert_saved_mid_epoch(ckpt, out)
+    assert re.search(r"^stopped by SIGTERM at epoch 1 .*checkpoint saved", out, re.MULTILINE), out[-4000:]
+    assert re.search(r"^under torchrun: .*SignalException.*not a crash", out, re.MULTILINE), (
+        f"no line saying what torchrun's traceback means (torchrun exited {status}):\n{out[-4000:]}")

@@ -24,7 +24,8 @@ a GradScaler (scale -> backward -> unscale_ -> clip_grad_norm_ -> step -> update
 FP32's range and needs none. --amp auto picks bf16 where the GPU has it (Ampere and newer),
 else fp16; on a CPU bf16 where it computes it (AVX512-BF16 or AMX), else FP32: emulated bf16
 is about 10x slower (--amp bf16 still forces it, with a warning). SIGTERM (docker stop, a scheduler's preemption)
-saves a checkpoint at the end of the current step and exits 0; --resume continues there.
+or SIGHUP (a dropped SSH session) saves a checkpoint at the end of the current step and exits 0;
+--resume continues there.
 
 checkpoints: a run never replaces another run's CHECKPOINT_DIR/last.pt by surprise: if one is
 there, add --resume to continue it, give another --checkpoint-dir for a new run (also for one
@@ -38,7 +39,7 @@ folder is refused at start, naming the first one's PID and host.
 The directory is created and write-tested before any training. A checkpoint is never written
 from non-finite weights.
 
-exit status: 0 done (or stopped by SIGTERM/Ctrl-C after saving); 75 stopped after saving, once
+exit status: 0 done (or stopped by SIGTERM/SIGHUP/Ctrl-C after saving); 75 stopped after saving, once
 a SIGUSR1 came (a scheduler's warning before its time limit, also when its SIGTERM follows:
 requeue the job); 2 a problem in the command
 line, the data or the checkpoint directory, with a one-line fix (also an unreadable image:

@@ -32,7 +32,7 @@ class LaunchError(Exception):
 
 
 class Stopped(Exception):
-    """SIGTERM/SIGINT/SIGUSR1 arrived; raised at a step boundary after the checkpoint is
+    """SIGTERM/SIGINT/SIGHUP/SIGUSR1 arrived; raised at a step boundary after the checkpoint is
     written."""
 
 

@@ -456,11 +456,15 @@ def print_launch(args, ranks, env=None):
 
 
 # The signals that ask a run to stop. Only the trainer's main process decides what they mean.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# SIGHUP: the terminal hung up (an SSH session without tmux that dropped, a closed terminal
+# window). Its default action killed the run with no checkpoint; it stops like SIGTERM instead:
+# save, then exit 0. Output to the dead terminal fails with EIO, which streams.py drops quietly.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 
 
 class StopRequest:
-    """Set by SIGTERM/SIGINT (docker stop, a scheduler's preemption, Ctrl-C) and SIGUSR1 (a
+    """Set by SIGTERM/SIGINT/SIGHUP (docker stop, a scheduler's preemption, Ctrl-C, a dropped
+    SSH session) and SIGUSR1 (a
     scheduler's warning before its time limit). The handler only sets it: the step in flight
     finishes, then every rank saves and exits together (0, or EXIT_REQUEUE once any SIGUSR1
     came: Slurm sends SIGUSR1 and then, at the limit, SIGTERM, and the requeue request must

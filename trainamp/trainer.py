@@ -378,6 +378,14 @@ class Trainer:
                 f"stopped by {self.stop.signal_name or 'another rank'} at epoch {epoch + 1}"
                 f" step {step}/{n_steps}"
                 f" (global step {self.global_step}/{self.total}): {where}")
+            if self.ranks.env.launcher == "torchrun" and self.stop.signal_name:
+                # A stop of the whole job signals torchrun too, which then ends with status 1
+                # and a traceback below this line: say what it is before it reads as a crash.
+                self.ranks.print_on_main(
+                    "under torchrun: if torchrun got the signal too (a stop of the whole job), it"
+                    " ends with exit status 1 and a 'SignalException: Process N got signal: N'"
+                    " traceback after this line: torchrun reporting that signal, not a crash;"
+                    " the run stopped after saving")
             raise Stopped()
 
     def _epoch_record(self, epoch, steps, images_per_s):

@@ -1,4 +1,4 @@
-#!/usr/bin/env bash
+#!/bin/bash
 # Container entrypoint, under tini (PID 1): run the numbered setup steps, then the user's hooks,
 # then either the given command (as the non-root user) or the services (sshd + JupyterLab).
 set -euo pipefail
@@ -6,11 +6,18 @@ set -euo pipefail
 source /usr/local/lib/team/log.sh
 # shellcheck source=SCRIPTDIR/../lib/team/user.sh
 source /usr/local/lib/team/user.sh
+# From here the venv is dev's to change: python/pip (venv-exec) refuse root in this container.
+# Not on a read-only root: /run cannot be written, nor can the venv.
+if [ "$(id -u)" = 0 ]; then
+  { install -d -m 755 /run/team && : > /run/team/started; } 2>/dev/null || true
+fi
 
 # Setup steps: small scripts, one concern each, sourced in order. What each reads and sets (the
 # user's -e variables aside) is listed here; a step uses nothing else from the ones before it.
 # Plain shell variables are for later steps only; exported ones also reach services.sh, and
 # from there Jupyter, or the command.
+#   user.sh        exports TEAM_USER_PATH (the PATH the user's processes get back; root's own
+#                          PATH holds system folders only)
 #   (here)         sets    START_SERVICES: 1 with no command (sshd + JupyterLab), 0 with one
 #   10-user.sh     sets    WORKSPACE_MOUNTED (/workspace is a mount), ROOT_READONLY (--read-only),
 #                          NONROOT_HOW NONROOT_FIX (a non-root start: how it came, how to undo it)

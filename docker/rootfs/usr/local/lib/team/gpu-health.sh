@@ -1,8 +1,10 @@
-#!/usr/bin/env bash
+#!/bin/bash
 # Healthcheck part (called by /usr/local/bin/healthcheck): the GPUs the container started with
 # (25-gpu-record.sh wrote them down) still answer. Exit 1 with the cause and the fixes when one
 # is gone; 0 when all answer, or when the container started without a GPU (nothing to lose).
 set -uo pipefail
+# Run as root by the healthcheck: system folders only (dev can write /opt/venv/bin; healthcheck).
+PATH=/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 # The one known way a running container loses its GPUs while the host still has them, NVIDIA
 # Container Toolkit: "Containers losing access to GPUs with error: Failed to initialize NVML".

@@ -1,4 +1,4 @@
-#!/usr/bin/env bash
+#!/bin/bash
 # The services, under tini: sshd (when the SSH step enabled it) and JupyterLab as $NB_USER.
 # If either dies the other is stopped and we exit non-zero; SIGTERM/SIGINT stop both, after
 # giving jobs outside the services (tmux, SSH sessions, docker exec) time to save.

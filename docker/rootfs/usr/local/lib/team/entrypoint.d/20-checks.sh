@@ -32,12 +32,13 @@ _checks_step() {
   GPUS_AT_START=""
   _check_shm_and_memlock
 
-  # One python3 start (no torch) reads the build's record (versions.json's row, checked against
+  # One start of the system's python3 (not the venv's, which dev can write; -I -S: no site
+  # packages, no .pth files) reads the build's record (versions.json's row, checked against
   # what was installed): the banner, the minimum driver (versions.json min_driver), the torch and
   # CUDA versions the warnings name, and the GPU architectures torch has kernels for.
   local torch_line="" arch_list="" min_driver="" torch="" cuda="" platform=""
   if [ -r "$versions" ]; then
-    { read -r torch_line; read -r arch_list; read -r min_driver torch cuda platform; } < <(python3 -I -S -c '
+    { read -r torch_line; read -r arch_list; read -r min_driver torch cuda platform; } < <(/usr/bin/python3 -I -S -c '
 import json, sys
 v = json.load(open(sys.argv[1]))
 print("torch {torch}, CUDA {cuda}, cuDNN {cudnn}, NCCL {nccl}, Python {python}".format(**v)
@@ -85,7 +86,8 @@ _check_gpus() {
   # torch.cuda.get_arch_list() is empty without a GPU, so a build on a CPU host may have stored
   # none: ask the compiled-in list then (GPU hosts only, about 1 s).
   if [ -z "$arch_list" ]; then
-    arch_list=$(python3 -c 'import torch; print(torch._C._cuda_getArchFlags())' 2>/dev/null || true)
+    # As the user: importing torch runs the venv's code, which dev can write (.pth files).
+    arch_list=$(as_nb_user python3 -c 'import torch; print(torch._C._cuda_getArchFlags())' 2>/dev/null || true)
   fi
 
   local idx name driver cc sm

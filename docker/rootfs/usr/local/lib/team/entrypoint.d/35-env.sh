@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Step 35: write the container's environment (docker run -e and the image's ENV) to
-# /etc/team/environment (readable by dev only), which SSH sessions and tmux load; secrets and
-# what only the entrypoint reads (ENTRYPOINT_ONLY) are never written.
+# /etc/team/environment (root's, readable by dev's group only), which SSH sessions and tmux
+# load; secrets and what only the entrypoint reads (ENTRYPOINT_ONLY) are never written.
 # What the filter is for (docs/security.md: Secrets): keeping secrets out of a file in the
 # container's writable layer (docker commit/cp/export carry it) and out of every shell's `env`.
 # It is no wall between dev and its secrets: every process of dev can read /proc/PID/environ
@@ -48,15 +48,22 @@ _env_main() {
       [[ $_ENV_SESSION == *[[:space:]]"$name"[[:space:]]* ]] && continue
       [[ " ${ENTRYPOINT_ONLY//$'\n'/ } " == *" $name "* ]] && continue
       value=${!name}
+      # Root's steps search only system folders (user.sh): the file gets the user's PATH.
+      case $name in
+        TEAM_USER_PATH) continue ;;
+        PATH) value=${TEAM_USER_PATH:-$PATH} ;;
+      esac
       _env_is_secret "$name" "$value" && continue
       # POSIX single quotes (the file is also read by sh): only ' itself needs escaping.
       printf "export %s='%s'\n" "$name" "${value//\'/\'\\\'\'}"
     done < <(compgen -e | sort)
   } >"$tmp"
   # Only dev (and root) read it: a variable the filter above misses must not be readable by
-  # every account in the container. dev's UID/GID are final here (10-user.sh ran first).
-  chown "$(id -u "$NB_USER"):$(id -g "$NB_USER")" "$tmp"
-  chmod 600 "$tmp"
+  # every account in the container. dev's UID/GID are final here (10-user.sh ran first). Root
+  # keeps it: SSH logins of dev source it, and dev must not be able to change what they run
+  # (01-team-environment.sh: root sources it never, dev only when root owns it).
+  chown "0:$(id -g "$NB_USER")" "$tmp"
+  chmod 640 "$tmp"
   mv -f "$tmp" "$out"
 }
 

@@ -32,7 +32,9 @@ _jupyter_check_hash() {
     *) log_error "JUPYTER_PASSWORD_HASH must be a hash ('argon2:...' or 'sha1:...'), not a password. Fix: $how"
        exit 64 ;;
   esac
-  if ! JH="$hash" python3 -I /usr/local/lib/team/jupyter-hash-check 2>/dev/null; then
+  # As the user: it imports argon2 from the venv, whose code dev can write (a .pth file runs
+  # at every start of its Python): as root, that would make dev root at the next start.
+  if ! as_nb_user env JH="$hash" python3 -I /usr/local/lib/team/jupyter-hash-check 2>/dev/null; then
     log_error "JUPYTER_PASSWORD_HASH is not a valid ${hash%%:*} hash (cut short or mangled by shell quoting?), so no password would ever log in. Fix: make a new one with $how and pass it in single quotes (-e 'JUPYTER_PASSWORD_HASH=argon2:...')"
     exit 64
   fi
@@ -104,6 +106,19 @@ _jupyter_step() {
   if [ "$kind" = token ] && [[ $token == *[[:cntrl:]]* ]]; then
     log_error "${JUPYTER_TOKEN_FILE:+The first line of }${JUPYTER_TOKEN_FILE:-JUPYTER_TOKEN} holds a line break or another control character, so no browser could send it. Fix: one line of letters and digits, e.g. -e JUPYTER_TOKEN=\$(openssl rand -hex 24), or put it in a file: -v \$PWD/token:/run/secrets/jupyter_token:ro -e JUPYTER_TOKEN_FILE=/run/secrets/jupyter_token"
     exit 64
+  fi
+  # A short token: Jupyter checks tokens with no rate limit or lockout, so one a person can
+  # remember ("a", "1234", a word) falls to a script in seconds from any host that reaches the
+  # port. 16 characters is the floor: 64 bits even as hex digits, years of guessing at
+  # thousands of tries a second; Jupyter's own and ours (below) are 48 hex digits (192 bits).
+  # Refused, not warned: a WARN in a log nobody reads leaves the port open. A password hash
+  # is not measured: it is the way for something a person types (Jupyter's login page).
+  if [ "$kind" = token ] && [ -n "$token" ] && [ "${#token}" -lt 16 ]; then
+    if [ "${JUPYTER_ALLOW_INSECURE:-0}" != 1 ]; then
+      log_error "The Jupyter token from ${JUPYTER_TOKEN_FILE:-JUPYTER_TOKEN} has ${#token} characters, fewer than 16: anyone who reaches port $port can guess it and run code as $NB_USER. Fix: a long random one (-e JUPYTER_TOKEN=\$(openssl rand -hex 24)), remove JUPYTER_TOKEN to get a random one, or use a password: -e JUPYTER_PASSWORD_HASH (docs/container.md); only on a port nobody else can reach: -e JUPYTER_ALLOW_INSECURE=1"
+      exit 64
+    fi
+    log_warn "JUPYTER_ALLOW_INSECURE=1 and a token of ${#token} characters (fewer than 16): anyone who can reach port $port can guess it and run any code as $NB_USER. Publish it on 127.0.0.1 only (-p 127.0.0.1:$port:$port)."
   fi
   if [ "$kind" = token ] && [ -z "$token" ]; then
     if [ "${JUPYTER_ALLOW_INSECURE:-0}" != 1 ]; then
