@@ -52,7 +52,7 @@ resumable multi-GPU AMP trainer with an FP32-vs-AMP comparison report.
 | | |
 |---|---|
 | Base | `{{ base_image }}`, pinned by digest (the `BASE_IMAGE` build arg; versions.json; see [The base](docs/building.md#the-base-what-the-image-keeps-and-removes)) |
-| Python | {{ python }} (the base's), virtual environment `/opt/venv`, first on `PATH` |
+| Python | {{ python }} (the base's), virtual environment `/opt/venv`: `python` and `pip` run it for `dev` (root is refused: [Root never runs what dev can write](docs/security.md#root-never-runs-what-dev-can-write)) |
 | PyTorch | torch {{ torch }}, torchvision {{ torchvision }}, torchaudio {{ torchaudio }} (PyPI's CUDA {{ cuda }} build) |
 | CUDA libraries | cuDNN {{ cudnn }}, NCCL {{ nccl }}, cuBLAS etc.: **one copy each**, from PyTorch's wheels |
 | Minimum driver | {{ min_driver }} (CUDA minor-version compatibility; the image's `NVIDIA_REQUIRE_CUDA` is `{{ nvidia_require_cuda }}`) |
