@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The stop scenarios of tests/test_train_amp_stop.py on a GPU host, for each --decode path
 # (device: nvJPEG and the prefetch thread; workers: PIL in DataLoader workers): SIGTERM to the
-# process group, `| tee` ended by Ctrl-C, SIGUSR1 then SIGTERM, stderr closed. Prints one line
+# process group, `| tee` ended by Ctrl-C, SIGHUP (a dropped SSH session), SIGUSR1 then SIGTERM,
+# stderr closed. Prints one line
 # per run: tree, decode, scenario, exit status, the checkpoint's (epoch, step) and seconds.
 # Usage, natively on a GPU host: benchmarks/gpu_stop_check.sh [TREE ...] (a TREE holds
 # train_amp.py and trainamp/; default: this checkout). OUT=dir keeps the logs.
@@ -46,6 +47,9 @@ run() {  # run TREE DECODE SCENARIO
       setsid env --default-signal=INT bash -c "trap true INT TERM; ${job[*]} --epochs 3 2>&1 | tee $dir/log > /dev/null; echo \${PIPESTATUS[0]} > $dir/exit" &
       local pid=$!
       waitstep "$dir/log" $pid; kill -INT -- -$pid; wait $pid; status=$(cat "$dir/exit" 2>/dev/null || echo none) ;;
+    hup)  # a dropped SSH session without tmux: SIGHUP saves as SIGTERM does (exit 0)
+      setsid "${job[@]}" --epochs 3 > "$dir/log" 2>&1 & local pid=$!
+      waitstep "$dir/log" $pid; kill -HUP $pid; wait $pid; status=$? ;;
     usr1-term)
       setsid "${job[@]}" --epochs 3 > "$dir/log" 2>&1 & local pid=$!
       waitstep "$dir/log" $pid; kill -USR1 $pid; sleep 0.1; kill -TERM $pid; wait $pid; status=$? ;;
@@ -59,7 +63,7 @@ trees=("$@")
 [ ${#trees[@]} -gt 0 ] || trees=(.)
 for tree in "${trees[@]}"; do
   for decode in ${DECODES:-device workers}; do
-    for scenario in group-term tee-int usr1-term stderr-closed; do
+    for scenario in ${SCENARIOS:-group-term tee-int hup usr1-term stderr-closed}; do
       run "$tree" "$decode" "$scenario"
     done
   done
