@@ -143,9 +143,10 @@ def stargz_daemon(root, config=None):
 
 
 @contextlib.contextmanager
-def containerd_node(root, stargz_config=None):
-    """A cold node: empty containerd + stargz daemon under root; everything removed afterwards
-    (containers, FUSE and overlay mounts, the directory)."""
+def containerd_node(root, stargz_config=None, stargz=True):
+    """A cold node: empty containerd + stargz daemon under root (stargz=False: containerd alone,
+    enough to convert); everything removed afterwards (containers, FUSE and overlay mounts, the
+    directory)."""
     root = pathlib.Path(root)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -154,7 +155,7 @@ def containerd_node(root, stargz_config=None):
     log_path = root / "containerd.log"
     node = Node(root, str(root / "containerd.sock"))
     try:
-        with stargz_daemon(root, stargz_config):
+        with stargz_daemon(root, stargz_config) if stargz else contextlib.nullcontext():
             with open(log_path, "wb") as out:
                 proc = subprocess.Popen(["containerd", "--config", str(root / "containerd.toml")],
                                         stdout=out, stderr=subprocess.STDOUT)
