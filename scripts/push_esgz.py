@@ -41,6 +41,8 @@ def tools():
     if missing:
         raise RuntimeError(f"ESGZ=1 needs {' and '.join(missing)} (apt-get install containerd stargz-snapshotter): "
                            "ctr-remote converts to eStargz in a throw-away containerd")
+    if not RECORD.is_file():
+        raise RuntimeError(f"{RECORD} is missing: it lists the files to put first (benchmarks/bench_start.py makes it)")
     if os.geteuid() != 0:
         raise RuntimeError("ESGZ=1 runs a throw-away containerd to convert, which needs root: run make push as root")
 

@@ -1,0 +1,137 @@
+"""Lazy pulls on a real node (docs/distributing.md#lazy-pulls-estargz): `make push ESGZ=1` publishes
+<tag>-esgz to a registry on 127.0.0.1, a node here (a second containerd with our stargz snapshotter
+daemon, scripts/lazy/node.py) pulls it lazily and runs it having fetched a fraction of its layer,
+Docker 20.10 runs the same tag as an ordinary image, and a tag whose table of contents does not
+match its layer is not read lazily. Slow (a conversion and a node per test) and root-only (FUSE,
+overlay mounts): make test-slow. Needs scripts/lazy/build-daemon.sh's daemon (STARGZ_GRPC).
+"""
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+
+import pytest
+import requests
+from conftest import require_tool
+from test_publish import worktree  # noqa: F401 - a fixture used here
+from test_pull import NAME, make
+from test_zstd import MANIFEST_TYPES, labelled_image  # noqa: F401 - a fixture used here
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "lazy"))
+import node  # noqa: E402
+import registry  # noqa: E402
+import toc  # noqa: E402
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="a lazy node needs root (FUSE, overlay mounts)")]
+# Only what a run reads is fetched: no background fetch of the rest, which would race the count.
+ON_DEMAND = "noprefetch = true\nno_background_fetch = true\n"
+PAYLOAD = 2_000_000  # tiny_context's random (incompressible) payload, never read by `smoke --version`
+
+
+@pytest.fixture
+def esgz_tag(local_registry, worktree, labelled_image, tmp_path):  # noqa: F811 - fixtures imported above
+    """make push ESGZ=1 of the tiny image. -> (registry, tag, make's result)."""
+    require_tool("ctr-remote", "stargz-snapshotter")
+    tag, _ = labelled_image
+    result = make("push", f"REGISTRY={local_registry}", f"IMAGE={NAME}", f"TAG={tag}", "MOVING_TAGS=latest", "ESGZ=1",
+                  f"PUSH_WORKTREE={worktree}", f"PUBLISH_DIR={tmp_path / 'publish'}", timeout=600)
+    assert result.returncode == 0, result.stderr
+    return local_registry, tag, result
+
+
+@contextlib.contextmanager
+def lazy_node():
+    """A cold node under a short path (unix socket paths are limited to 108 bytes)."""
+    if not os.path.exists(node.DAEMON):
+        pytest.fail(f"{node.DAEMON} is missing: build it with scripts/lazy/build-daemon.sh (Debian's "
+                    "golang-go and golang-github-containerd-stargz-snapshotter-dev)")
+    root = pathlib.Path(tempfile.mkdtemp(prefix="tdl-lazy-", dir="/var/tmp"))
+    try:
+        with node.containerd_node(root / "n", stargz_config=ON_DEMAND) as n:
+            yield n
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def sent(address, tmp_path):
+    return node.Registry(address, tmp_path / "registry.log")  # conftest's local_registry logs here
+
+
+def fuse_mounts(under):
+    return [line for line in pathlib.Path("/proc/self/mountinfo").read_text().splitlines()
+            if f" {under}/" in line and "fuse" in line]
+
+
+def test_push_esgz_publishes_every_tag_with_a_toc_that_matches_its_layer(esgz_tag):
+    """make push ESGZ=1 should push <tag>-esgz and latest-esgz, one digest, every layer with a TOC
+    digest that the TOC read back from the registry matches, and say so."""
+    reg, tag, result = esgz_tag
+    tags = requests.get(f"http://{reg}/v2/{NAME}/tags/list", timeout=10).json()["tags"]
+    assert {f"{tag}-esgz", "latest-esgz"} <= set(tags), tags
+    client = registry.Client(f"{reg}/{NAME}:{tag}-esgz")
+    _, manifest = client.image_manifest()
+    for layer in manifest["layers"]:
+        assert toc.toc_of_remote_layer(client, layer)["entries"], layer["digest"]
+    assert "eStargz layers with their TOC digests" in result.stderr, result.stderr
+
+
+def test_esgz_tag_is_pulled_lazily_and_runs_having_fetched_a_fraction(esgz_tag, tmp_path):
+    """A node with the stargz snapshotter should run the -esgz tag after fetching only what the
+    command reads: `smoke --version` without the 2 MB payload beside it."""
+    reg, tag, _ = esgz_tag
+    log = sent(reg, tmp_path)
+    ref = f"{reg}/{NAME}:{tag}-esgz"
+    with lazy_node() as n:
+        mark = log.mark()
+        n.ctr("images", "rpull", "--plain-http", ref)
+        assert fuse_mounts(n.root), "rpull mounted no layer lazily (no FUSE mount)"
+        run = n.ctr("run", "--rm", "--snapshotter", "stargz", ref, "lazy-smoke", "/bin/smoke", "--version")
+        fetched = log.blob_bytes(mark)
+    assert "tini version" in run.stdout, run.stdout + run.stderr
+    assert fetched < PAYLOAD / 2, f"fetched {fetched} bytes: the whole layer, not lazily"
+
+
+def test_esgz_tag_runs_under_docker_20_10_as_an_ordinary_image(esgz_tag, docker_client):
+    """Docker 20.10, which knows nothing of eStargz, should pull and run the -esgz tag as any image."""
+    reg, tag, _ = esgz_tag
+    ref = f"{reg}/{NAME}:{tag}-esgz"
+    try:
+        docker_client.images.pull(ref)
+        out = docker_client.containers.run(ref, ["--version"], entrypoint=["/bin/smoke"], remove=True)
+    finally:
+        with contextlib.suppress(Exception):
+            docker_client.images.remove(ref, force=True)
+    assert b"tini version" in out, out
+
+
+def test_esgz_tag_whose_toc_does_not_match_its_layer_is_not_read_lazily(esgz_tag, tmp_path):
+    """A manifest whose TOC digest names another TOC should not be mounted lazily: the node either
+    refuses it or falls back to fetching the whole layer, whose digest it checks."""
+    reg, tag, _ = esgz_tag
+    base = f"http://{reg}/v2/{NAME}/manifests"
+    manifest = requests.get(f"{base}/{tag}-esgz", headers={"Accept": MANIFEST_TYPES}, timeout=10).json()
+    for layer in manifest["layers"]:
+        layer["annotations"][toc.ANNOTATION] = "sha256:" + "0" * 64
+    put = requests.put(f"{base}/bad-esgz", data=json.dumps(manifest),
+                       headers={"Content-Type": manifest["mediaType"]}, timeout=10)
+    assert put.status_code == 201, put.text
+    log = sent(reg, tmp_path)
+    ref = f"{reg}/{NAME}:bad-esgz"
+    with lazy_node() as n:
+        mark = log.mark()
+        pulled = n.ctr("images", "rpull", "--plain-http", ref, check=False)
+        lazily = fuse_mounts(n.root)
+        run = n.ctr("run", "--rm", "--snapshotter", "stargz", ref, "lazy-bad", "/bin/smoke", "--version", check=False)
+        fetched = log.blob_bytes(mark)
+        daemon_log = (n.root / "stargz.log").read_text()
+    assert not lazily, f"a layer with a mismatching TOC was mounted lazily: {lazily}"
+    assert "invalid TOC JSON" in daemon_log, f"the snapshotter did not say why: {daemon_log[-1500:]}"
+    assert pulled.returncode != 0 or fetched >= PAYLOAD, f"neither refused nor fetched whole ({fetched} bytes)"
+    if pulled.returncode == 0:
+        assert "tini version" in run.stdout, run.stdout + run.stderr
