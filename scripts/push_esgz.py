@@ -24,6 +24,7 @@ from push_zstd import served, skopeo
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "lazy"))
 import node  # noqa: E402 - scripts/lazy is not a package
+import toc  # noqa: E402
 
 SUFFIX = "-esgz"
 RECORD = pathlib.Path(__file__).resolve().parent / "lazy" / "first-work.jsonl"
@@ -105,13 +106,19 @@ def push(image_id, repository, tags, level, insecure, labels, log):
         if digest is None or not tocs or not all(tocs):
             raise RuntimeError(f"{name}: expected eStargz layers (each with {TOC_ANNOTATION}), got "
                                f"{sum(map(bool, tocs))} of {len(tocs)}")
+        client = registry.Client(name)
+        for layer in manifest["layers"]:  # the TOC itself, read back as a node reads it (kilobytes)
+            try:
+                toc.toc_of_remote_layer(client, layer)
+            except toc.TOCError as e:
+                raise RuntimeError(f"{name}: layer {layer['digest'][:19]}: {e}") from None
         if (config.get("config", {}).get("Labels") or {}) != labels:
             raise RuntimeError(f"{name}'s labels differ from the image pushed ({image_id[:19]})")
         digests.add(digest)
     if len(digests) != 1:
         raise RuntimeError(f"the -esgz tags name different digests: {sorted(digests)}")
     digest = digests.pop()
-    log("INFO", f"verified {repository}@{digest}: eStargz layers with their TOC digests, the same labels, "
+    log("INFO", f"verified {repository}@{digest}: eStargz layers whose TOCs match their digests, the same labels, "
                 f"tags {' '.join(esgz_tags(tags))}")
     return digest
 

@@ -78,7 +78,7 @@ def test_push_esgz_publishes_every_tag_with_a_toc_that_matches_its_layer(esgz_ta
     _, manifest = client.image_manifest()
     for layer in manifest["layers"]:
         assert toc.toc_of_remote_layer(client, layer)["entries"], layer["digest"]
-    assert "eStargz layers with their TOC digests" in result.stderr, result.stderr
+    assert "eStargz layers whose TOCs match their digests" in result.stderr, result.stderr
 
 
 def test_esgz_tag_is_pulled_lazily_and_runs_having_fetched_a_fraction(esgz_tag, tmp_path):
