@@ -109,3 +109,23 @@ def test_first_work_record_lists_what_a_start_reads_first():
     for wanted in (r"^usr/local/bin/entrypoint\.sh$", r"/jupyter_server/", r"/torch/lib/libtorch_cpu\.so$",
                    r"^usr/local/bin/train_amp\.py$"):
         assert any(re.search(wanted, p) for p in paths), f"nothing matches {wanted} in {len(paths)} paths"
+
+
+def test_release_publishes_every_tag_also_as_esgz_signed_and_tagged():
+    """release.yml should build each platform again with BuildKit's eStargz output, join, sign and
+    verify that index too, and hand it to publish-digest.sh, which tags it <tag>-esgz (publish and promote)."""
+    from test_publish import load_workflow
+    wf = load_workflow(ROOT / ".github" / "workflows" / "release.yml")
+    builds = [s for s in wf["jobs"]["build"]["steps"] if "build-push-action" in s.get("uses", "")]
+    esgz = [s for s in builds if "compression=estargz" in s["with"]["outputs"]]
+    assert len(esgz) == 1, f"want one eStargz build: {[b['with']['outputs'] for b in builds]}"
+    assert {"oci-mediatypes=true", "force-compression=true"} <= set(esgz[0]["with"]["outputs"].split(",")), esgz
+    for job in ("publish", "promote"):
+        steps = wf["jobs"][job]["steps"]
+        runs = "\n".join(s.get("run", "") for s in steps)
+        tag = next(s for s in steps if "publish-digest.sh" in s.get("run", ""))
+        assert tag["run"].rstrip().endswith('"$ESGZ_DIGEST"') and "ESGZ_DIGEST" in tag["env"], f"{job}: {tag}"
+        assert re.search(r'for d in "\$DIGEST" .*"\$ESGZ_DIGEST"; do\n\s+cosign (sign|verify)', runs), \
+            f"{job}: the eStargz digest's signature is not checked"
+    script = (ROOT / "scripts" / "publish-digest.sh").read_text()
+    assert 'publish "$esgz_digest" -esgz' in script, "publish-digest.sh does not tag the eStargz digest <tag>-esgz"
