@@ -23,8 +23,8 @@ import registry
 from push_zstd import served, skopeo
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "lazy"))
-import node  # noqa: E402 - scripts/lazy is not a package
-import toc  # noqa: E402
+import node
+import toc
 
 SUFFIX = "-esgz"
 RECORD = pathlib.Path(__file__).resolve().parent / "lazy" / "first-work.jsonl"
@@ -128,4 +128,4 @@ def record_paths():
     return [json.loads(line)["path"] for line in RECORD.read_text().splitlines() if line.strip()]
 
 
-__all__ = ["esgz_tags", "tools", "check_immutable", "push", "record_paths", "registry"]
+__all__ = ["check_immutable", "esgz_tags", "push", "record_paths", "registry", "tools"]

@@ -19,7 +19,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "lazy"))
-import toc  # noqa: E402
+import toc
 
 pytestmark = pytest.mark.host
 DATA = ROOT / "tests" / "data" / "esgz"

@@ -23,9 +23,9 @@ from test_zstd import MANIFEST_TYPES, labelled_image  # noqa: F401 - a fixture u
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "scripts" / "lazy"))
-import node  # noqa: E402
-import registry  # noqa: E402
-import toc  # noqa: E402
+import node
+import registry
+import toc
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="a lazy node needs root (FUSE, overlay mounts)")]

@@ -185,7 +185,7 @@ def unmount_under(root):
 def image_layers(reg, repo, tag):
     """The manifest's layer descriptors of reg/repo:tag (OCI or Docker media types)."""
     import urllib.request
-    req = urllib.request.Request(f"http://{reg.address}/v2/{repo}/manifests/{tag}", headers={"Accept": ", ".join([
-        "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"])})
+    accept = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
+    req = urllib.request.Request(f"http://{reg.address}/v2/{repo}/manifests/{tag}", headers={"Accept": accept})
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.load(r)["layers"]

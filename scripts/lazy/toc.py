@@ -10,6 +10,7 @@ Format: github.com/containerd/stargz-snapshotter docs/estargz.md (Debian's libra
 import gzip
 import hashlib
 import io
+import itertools
 import json
 import struct
 import tarfile
@@ -64,7 +65,7 @@ def verify_blob(blob, expected):
     chunks = [e for e in toc.get("entries", []) if e.get("type") in ("reg", "chunk") and e.get("chunkDigest")]
     # Each chunk is a gzip member of its own, from its offset to the next chunk's (or the TOC).
     starts = sorted({e["offset"] for e in chunks} | {offset})
-    ends = dict(zip(starts, starts[1:]))
+    ends = dict(itertools.pairwise(starts))
     view = memoryview(blob)
     file_size = 0
     for entry in chunks:
