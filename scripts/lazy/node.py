@@ -130,6 +130,9 @@ def stargz_daemon(root, config=None):
     binary = require(DAEMON, "build it: scripts/lazy/build-daemon.sh")
     (root / "stargz.toml").write_text(config or "")
     log_path = root / "stargz.log"
+    # A killed daemon leaves its socket: gone, the wait below sees the new one only once it serves
+    # (after it has remounted the lazily mounted layers of the last one).
+    (root / "stargz.sock").unlink(missing_ok=True)
     with open(log_path, "ab") as out:
         proc = subprocess.Popen([binary, "--address", str(root / "stargz.sock"), "--root", str(root / "stargz"),
                                  "--config", str(root / "stargz.toml")], stdout=out, stderr=subprocess.STDOUT)
@@ -155,7 +158,8 @@ def containerd_node(root, stargz_config=None, stargz=True):
     log_path = root / "containerd.log"
     node = Node(root, str(root / "containerd.sock"))
     try:
-        with stargz_daemon(root, stargz_config) if stargz else contextlib.nullcontext():
+        with stargz_daemon(root, stargz_config) if stargz else contextlib.nullcontext() as daemon:
+            node.daemon = daemon  # the stargz daemon's Popen (a test kills it), None without one
             with open(log_path, "wb") as out:
                 proc = subprocess.Popen(["containerd", "--config", str(root / "containerd.toml")],
                                         stdout=out, stderr=subprocess.STDOUT)
