@@ -97,6 +97,8 @@ TOOLS = [
     Tool("git", ["git"], ["git"], "tests/test_publish.py, the image's revision label"),
     Tool("podman", ["podman"], ["podman"], "tests/test_podman.py"),
     Tool("skopeo", ["skopeo"], ["skopeo"], "make push ZSTD=1 (Docker 20.10 cannot push zstd), tests/test_zstd.py"),
+    Tool("ctr-remote", ["ctr-remote"], ["stargz-snapshotter"],
+         "make push ESGZ=1 (converts to eStargz), tests/test_lazy_pull.py (the Go daemon: scripts/lazy/build-daemon.sh)"),
     Tool("tini-static", ["tini-static"], ["tini"], "the runnable tiny image of tests/test_pull.py and test_zstd.py"),
     Tool("acl", ["setfacl"], ["acl"], "tests/test_first_run.py: the root-owned checkout's one step"),
 ]

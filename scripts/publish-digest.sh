@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The release workflow's last step, the same in its publish and promote jobs: point every tag at
 # a signed digest, pull it back and check digest, tags and labels, then write the manifest; with
-# ZSTD_DIGEST, the same again for the zstd-layered image under every tag + "-zstd".
-# Usage: scripts/publish-digest.sh REPOSITORY DIGEST ROW [ZSTD_DIGEST]
+# ZSTD_DIGEST, the same again for the zstd-layered image under every tag + "-zstd", and with
+# ESGZ_DIGEST for the eStargz one (lazily pulled) under every tag + "-esgz".
+# Usage: scripts/publish-digest.sh REPOSITORY DIGEST ROW [ZSTD_DIGEST [ESGZ_DIGEST]]
 #   IMMUTABLE, MOVING: the tags, as `build_info.py ci-tags` prints them; FORCE=1 replaces an
 #   immutable tag that already names another digest. SCANS: a folder of <arch>.scan.json (the
 #   release scan's counts by severity, scripts/cve_gate.py), copied beside each manifest as
 #   <tag>[.<platform>].scan.json and summed up in it. Needs docker buildx and a registry login.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repository=$1 digest=$2 row=$3 zstd_digest=${4:-}
+repository=$1 digest=$2 row=$3 zstd_digest=${4:-} esgz_digest=${5:-}
 
 labels=()
 while IFS= read -r kv; do labels+=(--label "$kv"); done < <(python3 scripts/build_info.py labels --row "$row")
@@ -45,3 +46,5 @@ publish() {  # DIGEST SUFFIX: every tag + SUFFIX at DIGEST, checked, with its pa
 publish "$digest" ""
 # The zstd-layered twin (docs/distributing.md): clients that cannot read zstd keep the plain tags.
 [ -z "$zstd_digest" ] || publish "$zstd_digest" -zstd
+# The eStargz twin: lazily pulled by a node with the stargz snapshotter, plain gzip to the rest.
+[ -z "$esgz_digest" ] || publish "$esgz_digest" -esgz

@@ -11,7 +11,8 @@ Refusals (exit 1, nothing pushed): a dirty work tree; an image whose revision/ve
 are not the work tree's HEAD and the tag; an immutable tag (the descriptive tag, sha-<sha>)
 that already names a different image in the registry, unless --force (FORCE=1).
 Moving tags (2.6, latest) are moved without asking. Only the docker CLI is needed (and skopeo
-for --zstd-level: every tag also as <tag>-zstd, scripts/push_zstd.py).
+for --zstd-level: every tag also as <tag>-zstd, scripts/push_zstd.py; skopeo, containerd and
+ctr-remote, as root, for --esgz-level: every tag also as <tag>-esgz, scripts/push_esgz.py).
 """
 import argparse
 import datetime
@@ -23,6 +24,7 @@ import subprocess
 import sys
 
 import build_info
+import push_esgz
 import push_zstd
 import reference
 import registry_tls
@@ -293,6 +295,8 @@ def parse_args(argv):
     ap.add_argument("--record", default="artifacts/publish", help="directory for the publish record")
     ap.add_argument("--zstd-level", type=int, default=None,
                     help="also push every tag as <tag>-zstd, zstd layers at this level (make push ZSTD=1)")
+    ap.add_argument("--esgz-level", type=int, default=None,
+                    help="also push every tag as <tag>-esgz, eStargz layers at this gzip level (make push ESGZ=1)")
     args = ap.parse_args(argv)
     if args.repository.startswith("/") or "/" not in args.repository:
         refuse(f"repository {args.repository!r} names no registry: set REGISTRY (e.g. ghcr.io/acme)")
@@ -348,6 +352,9 @@ def main(argv):
     if args.zstd_level is not None:
         zstd_step(push_zstd.skopeo)  # missing: refused before anything is pushed
         zstd_step(push_zstd.check_immutable, args.repository, immutable, diff_ids, args.force, log)
+    if args.esgz_level is not None:
+        zstd_step(push_esgz.tools)  # missing or not root: refused before anything is pushed
+        zstd_step(push_esgz.check_immutable, args.repository, immutable, labels, args.force, log)
     if args.command == "preflight":
         log("INFO", f"preflight passed for {source} -> {' '.join(tags)}")
         return
@@ -359,19 +366,24 @@ def main(argv):
         zstd = {"digest": zstd_step(push_zstd.push, image_id, args.repository, tags, args.zstd_level,
                                     insecure, (diff_ids, labels), log),
                 "tags": push_zstd.zstd_tags(tags), "level": args.zstd_level}
+    esgz = None
+    if args.esgz_level is not None:
+        esgz = {"digest": zstd_step(push_esgz.push, image_id, args.repository, tags, args.esgz_level,
+                                    insecure, labels, log),
+                "tags": push_esgz.esgz_tags(tags), "level": args.esgz_level}
 
-    write_record(args, tags, immutable, digest, image_id, sha, labels, zstd)
+    write_record(args, tags, immutable, digest, image_id, sha, labels, zstd, esgz)
 
 
 def zstd_step(step, *args):
-    """A push_zstd step; its failure (skopeo missing, a registry error, a check) -> one line."""
+    """A push_zstd or push_esgz step; its failure (a tool missing, a registry error, a check) -> one line."""
     try:
         return step(*args)
     except (RuntimeError, push_zstd.registry.RegistryError) as e:
         refuse(str(e))
 
 
-def write_record(args, tags, immutable, digest, image_id, sha, labels, zstd=None):
+def write_record(args, tags, immutable, digest, image_id, sha, labels, zstd=None, esgz=None):
     """The publish record beside the manifest: what was pushed where, and what it says it is."""
     record_dir = pathlib.Path(args.record)
     record_dir.mkdir(parents=True, exist_ok=True)
@@ -380,6 +392,8 @@ def write_record(args, tags, immutable, digest, image_id, sha, labels, zstd=None
               "pushed": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     if zstd:
         record["zstd"] = zstd
+    if esgz:
+        record["esgz"] = esgz
     path = record_dir / f"{args.tag}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     log("INFO", f"published {args.repository}@{digest} as {' '.join(tags)}; record in {path}")
