@@ -11,6 +11,7 @@ import io
 import json
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -94,7 +95,7 @@ def test_make_push_esgz_converts_at_the_makefiles_level_and_only_when_asked():
         proc = subprocess.run(["make", "-n", "-s", "-C", str(ROOT), "push", "REGISTRY=127.0.0.1:5999", *args],
                               capture_output=True, text=True, check=False, timeout=60)
         assert proc.returncode == 0, proc.stderr
-        return proc.stdout
+        return " ".join(shlex.split(proc.stdout.replace("\\\n", " ")))  # as the shell reads it (values are quoted)
     level = re.search(r"^ESGZ_LEVEL\s*\?=\s*(\d+)", (ROOT / "Makefile").read_text(), re.MULTILINE).group(1)
     assert f"--esgz-level {level}" in dry("ESGZ=1"), dry("ESGZ=1")
     assert "--esgz-level 9" in dry("ESGZ=1", "ESGZ_LEVEL=9")
