@@ -271,7 +271,9 @@ def cache_key(row, target, index_urls, env):
         return None
     digest = hashlib.sha256()
     here = pathlib.Path(__file__).resolve().parent
-    for part in (json.dumps(row, sort_keys=True), repr(target), as_of, " ".join(runner()),
+    # pip's version and the scripts' text, not their paths: every clone of the tree (CI's are
+    # fresh each run) has its own .venv-test, and the answer is the same from each.
+    for part in (json.dumps(row, sort_keys=True), repr(target), as_of, env.get("CHECK_WHEELS_PIP", ""),
                  importlib.metadata.version("pip"), REQUIREMENTS.read_text(),
                  *(p.read_text() for p in (here / "check_wheels.py", PIP_FOR_MACHINE, here / "versions.py"))):
         digest.update(part.encode() + b"\0")
