@@ -194,6 +194,9 @@ def test_torchrun_script_forms_one_job_across_nodes_over_c10d(slurm_cluster):
     assert checkpoint_of(cluster, f"{ck}/last.pt") == {"global_step": 2, "world_size": 4}
 
 
+# Slow (make test-slow, weekly): two 16-step jobs side by side, the suite's longest test after the
+# killed-node requeue, which keeps the requeue and resume from a checkpoint in CI.
+@pytest.mark.slow
 def test_requeued_job_resumes_and_ends_with_the_weights_of_an_uninterrupted_run(slurm_cluster):
     """slurm/train-srun.sbatch warned of its time limit (USR1 to the batch shell, as
     --signal=B:USR1@120 sends it) should checkpoint, requeue itself, continue with the same
