@@ -383,9 +383,13 @@ def test_builds_use_the_base_pinned_by_digest():
     assert f"ARG BASE_IMAGE={pinned}\n" in dockerfile, "the Dockerfile's default BASE_IMAGE is not the pinned one"
     assert f"ARG NVIDIA_REQUIRE_CUDA={build_arg('NVIDIA_REQUIRE_CUDA')}\n" in dockerfile, \
         "the Dockerfile's default NVIDIA_REQUIRE_CUDA differs from versions.json's"
+    # The release builds on a digest only: the pin, else the one its setup job resolved for an
+    # unpinned row (trust on first use, docs/publishing.md); a base still without one stops it.
     release = (ROOT / ".github" / "workflows" / "release.yml").read_text()
-    assert "versions.py base-image" in release and "--require-digest" in release, \
-        "the release workflow does not refuse an unpinned base"
+    assert "versions.py base-image" in release and "scripts/base_bump.py bases" in release, \
+        "the release workflow neither reads the pin nor resolves an unpinned base's digest"
+    assert "has no base digest" in release and "*@sha256:*) ;;" in release, \
+        "the release workflow would build on a base without a digest"
 
 
 def test_an_unpinned_base_is_refused_for_release(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import requests
 from conftest import ROOT
 
-SCRIPTS = ("base_bump.py", "registry.py", "versions.py")
+SCRIPTS = ("base_bump.py", "registry.py", "registry_tls.py", "versions.py")
 
 
 def push_index(address, repository, tag, salt):

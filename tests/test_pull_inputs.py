@@ -147,13 +147,20 @@ def test_a_credential_helper_that_prints_no_json_gets_one_line(fake_registry, do
     one_error(result, "docker-credential-broken get printed no JSON (secret-service: no D-Bus session)")
 
 
+def as_a_terminals_job():
+    """preexec_fn: SIGINT handled as in a terminal's foreground job. A test runner started in the
+    background (.ci/run's host tests: bash's `&`) has SIGINT ignored, and its children inherit
+    that, so Python would never raise KeyboardInterrupt in them."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_make_pull_says_stopped_and_exits_130(fake_registry, docker):
     """Ctrl-C (SIGINT to the foreground process group) while make pull waits for the registry:
     the "stopped" line docs/distributing.md promises, exit 130, no KeyboardInterrupt traceback,
     nothing tagged."""
     reg = fake_registry(delay=30)
     proc = make("pull", *typed({}, reg.address), docker=docker, start_new_session=True,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=as_a_terminals_job)
     deadline = time.monotonic() + 20
     while not reg.requests and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -171,7 +178,8 @@ def test_pull_py_stopped_by_ctrl_c_exits_130(fake_registry, docker):
     """scripts/pull.py itself (what make runs) exits 130 on SIGINT, as the docs say."""
     reg = fake_registry(delay=30)
     proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "pull.py"), "pull", "--docker", str(docker.path),
-                             "--ref", f"{reg.address}/team-dl:t1"], stderr=subprocess.PIPE, text=True)
+                             "--ref", f"{reg.address}/team-dl:t1"], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_a_terminals_job)
     deadline = time.monotonic() + 20
     while not reg.requests and time.monotonic() < deadline:
         time.sleep(0.05)
