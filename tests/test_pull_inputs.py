@@ -33,7 +33,7 @@ DIGEST = "sha256:" + "b" * 64
 def make(*args, docker=None, env=None, timeout=60, **popen):
     run_env = {k: v for k, v in os.environ.items() if k not in LEAKY}
     run_env.update({"DOCKER": str(docker.path) if docker else "/nonexistent/docker", **(env or {})})
-    cmd = ["make", "-s", "-C", str(ROOT), *args]
+    cmd = [*(AS_A_TERMINALS_JOB if popen.pop("sigint_default", False) else []), "make", "-s", "-C", str(ROOT), *args]
     if popen:
         return subprocess.Popen(cmd, env=run_env, text=True, **popen)
     return subprocess.run(cmd, capture_output=True, text=True, env=run_env, check=False, timeout=timeout)
@@ -147,11 +147,12 @@ def test_a_credential_helper_that_prints_no_json_gets_one_line(fake_registry, do
     one_error(result, "docker-credential-broken get printed no JSON (secret-service: no D-Bus session)")
 
 
-def as_a_terminals_job():
-    """preexec_fn: SIGINT handled as in a terminal's foreground job. A test runner started in the
-    background (.ci/run's host tests: bash's `&`) has SIGINT ignored, and its children inherit
-    that, so Python would never raise KeyboardInterrupt in them."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# A command run as a terminal's foreground job runs it, SIGINT at its default: a test runner started
+# in the background (.ci/run's host tests: bash's `&`) has SIGINT ignored, its children inherit
+# that, and Python then never raises KeyboardInterrupt. (Not preexec_fn: the fake registry's
+# thread makes a fork that runs Python code unsafe.)
+AS_A_TERMINALS_JOB = [sys.executable, "-c", ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                                             "os.execvp(sys.argv[1], sys.argv[1:])")]
 
 
 def test_ctrl_c_during_make_pull_says_stopped_and_exits_130(fake_registry, docker):
@@ -160,7 +161,7 @@ def test_ctrl_c_during_make_pull_says_stopped_and_exits_130(fake_registry, docke
     nothing tagged."""
     reg = fake_registry(delay=30)
     proc = make("pull", *typed({}, reg.address), docker=docker, start_new_session=True,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=as_a_terminals_job)
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, sigint_default=True)
     deadline = time.monotonic() + 20
     while not reg.requests and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -177,9 +178,8 @@ def test_ctrl_c_during_make_pull_says_stopped_and_exits_130(fake_registry, docke
 def test_pull_py_stopped_by_ctrl_c_exits_130(fake_registry, docker):
     """scripts/pull.py itself (what make runs) exits 130 on SIGINT, as the docs say."""
     reg = fake_registry(delay=30)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "pull.py"), "pull", "--docker", str(docker.path),
-                             "--ref", f"{reg.address}/team-dl:t1"], stderr=subprocess.PIPE, text=True,
-                            preexec_fn=as_a_terminals_job)
+    proc = subprocess.Popen([*AS_A_TERMINALS_JOB, sys.executable, str(ROOT / "scripts" / "pull.py"), "pull", "--docker",
+                             str(docker.path), "--ref", f"{reg.address}/team-dl:t1"], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 20
     while not reg.requests and time.monotonic() < deadline:
         time.sleep(0.05)
