@@ -14,7 +14,9 @@ import time
 # 2026-12-07 (fastest of 15 runs: 0.044 s). A slower CPU (the AMD EPYC kind) then reads as a
 # factor above 1 too, which only lengthens the guards.
 REFERENCE_S = 0.045
-SAMPLES = 9
+# At least this long: a shorter sample can run on a core the scheduler hands a new process for a
+# moment, and miss two busy loops started beside it (0.4 s read pace 1.00 under them).
+WINDOW_S = 1.5
 
 
 def loop_seconds():
@@ -24,15 +26,20 @@ def loop_seconds():
 
 
 def measure():
-    """(factor >= 1, a one-line account of it). The median of SAMPLES loops (about half a second)
-    shows a CPU shared with other work; the load average per core shows it for work that uses
-    every core (a training run), which one loop on one core may not."""
-    median = statistics.median(loop_seconds() for _ in range(SAMPLES))
+    """(factor >= 1, a one-line account of it). Loops for WINDOW_S: their median time shows a
+    slower or shared CPU, the share of the wall time this process got the CPU shows sharing
+    directly, and the load average per core shows it for work that uses every core (a training
+    run), which one loop on one core may not (it lags by a minute)."""
+    times, start, cpu = [], time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < WINDOW_S:
+        times.append(loop_seconds())
+    share = (time.process_time() - cpu) / (time.perf_counter() - start)
+    median = statistics.median(times)
     load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    factor = max(1.0, median / REFERENCE_S, load)
+    factor = max(1.0, median / REFERENCE_S, 1 / max(share, 0.05), load)
     return factor, (f"pace {factor:.2f}: the timeouts that guard hangs are {factor:.2f}x the quiet machine's "
-                    f"(loop {median * 1000:.0f} ms against {REFERENCE_S * 1000:.0f} ms there; load "
-                    f"{load:.2f} per core)")
+                    f"(loop {median * 1000:.0f} ms against {REFERENCE_S * 1000:.0f} ms there; CPU share "
+                    f"{share:.2f}; load {load:.2f} per core)")
 
 
 def factor():
