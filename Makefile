@@ -5,7 +5,7 @@ SHELL := /bin/bash
 # Values are data, never shell text: every value a recipe or $(shell ...) hands to a command goes
 # through $(call q,VALUE), which single-quotes it for the shell ('\'' for a ' inside), so a ' " $( or
 # ` in a value stays those characters (a value spliced into '...' as is could end the quote and run
-# the rest: issue 52). Quoting rather than exported variables: $(shell ...) runs before any
+# the rest as commands). Quoting rather than exported variables: $(shell ...) runs before any
 # export (make 4.3), so it needs this anyway, and make -n then shows the real values.
 # *_ARGS, *_OPTS and *TESTS are shell words by design (flags and paths a recipe splits).
 q = '$(subst ','\'',$(1))'

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time to first work on a cold node (issue 54): the same run for gzip, zstd and eStargz (lazy).
+"""Time to first work on a cold node: the same run for gzip, zstd and eStargz (lazy).
 Seconds from nothing on the node to the container started, to Jupyter's /api/status answering, to
 `import torch` done, to the first AMP training step (CPU), and the bytes the registry sent by then;
 then the same on the warm node (image present). Writes benchmarks/results/start_<machine>_<date>.md.
@@ -269,7 +269,7 @@ def report(o, results, took, dock, env):
             amp_e, amp_g = results["esgz"]["cold"]["amp"][0], results["gzip"]["cold"]["amp"][0]
             goals.append(f"- First AMP step with -esgz no later than after a full gzip pull: {amp_e:.1f} s "
                          f"against {amp_g:.1f} s, " + ("met" if amp_e <= amp_g else "**not met**"))
-    lines += ["", "## Goals (issue 54)", "", *goals, ""]
+    lines += ["", "## Goals", "", *goals, ""]
     return "\n".join(lines)
 
 
