@@ -19,6 +19,7 @@ import pathlib
 import re
 import sys
 
+import logline
 import versions
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -29,8 +30,7 @@ ID_RE = re.compile(r"^(CVE-\d{4}-\d{4,}|GHSA(-[23456789cfghjmpqrvwx]{4}){3}|(?!C
 
 
 def log(level, message):
-    print(f"{level:<5} [{datetime.datetime.now(datetime.UTC):%H:%M:%S}] cve_gate: {message}",
-          file=sys.stderr, flush=True)
+    logline.log(level, message, who="cve_gate")
 
 
 def bad_input(message):

@@ -10,7 +10,6 @@ Usage: manifest.py --image REF [--out DIR] [--tag TAG] [--scan COUNTS]
   without a scanner.
 """
 import argparse
-import datetime
 import json
 import os
 import pathlib
@@ -18,13 +17,10 @@ import subprocess
 import sys
 import tempfile
 
+from logline import log
+
 DOCKER = os.environ.get("DOCKER", "docker")
 FILES = ("versions.json", "pip-freeze.txt", "dpkg.txt")
-
-
-def log(level, message):
-    print(f"{level:<5} [{datetime.datetime.now(datetime.UTC):%H:%M:%S}] {message}",
-          file=sys.stderr, flush=True)
 
 
 def docker(*args):

@@ -12,7 +12,6 @@ claims, and --digest when pinned); the signature (cosign, when --identity is giv
 `docker tag` REF. A failure prints one line (what happened, what to do) and tags nothing.
 """
 import argparse
-import datetime
 import json
 import os
 import re
@@ -24,15 +23,12 @@ import reference
 import registry
 import registry_tls
 import tag_labels
+from logline import log
 
 NOT_PUBLISHED = 3  # `ensure`'s exit status when the registry has no such tag: build instead
 # A pull needs the compressed download and the unpacked layers on disk at once: the default row
 # is 3.6 GB gzip and 7.0 GB unpacked, so 3x the compressed size, with room to spare.
 DISK_FACTOR = 3
-
-
-def log(level, message):
-    print(f"{level:<5} [{datetime.datetime.now(datetime.UTC):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
 
 
 class Refused(Exception):

@@ -28,15 +28,11 @@ import push_esgz
 import push_zstd
 import reference
 import registry_tls
+from logline import log
 
 DOCKER = os.environ.get("DOCKER", "docker")
 LABEL_REVISION = "org.opencontainers.image.revision"
 LABEL_VERSION = "org.opencontainers.image.version"
-
-
-def log(level, message):
-    print(f"{level:<5} [{datetime.datetime.now(datetime.UTC):%H:%M:%S}] {message}",
-          file=sys.stderr, flush=True)
 
 
 def refuse(message):
