@@ -20,8 +20,7 @@ Every outside probe can be pointed elsewhere (tests/test_doctor.py drives each c
   --infiniband DIR                     instead of /sys/class/infiniband
   --memlock KIB|unlimited              instead of this process's RLIMIT_MEMLOCK
   --disk-need-gb GB                    instead of BUILD_DISK_BYTES
-  --tools-path PATH                    where the test tools are looked for (scripts/host_setup.py;
-                                       the row shows with --maintainer: make doctor MAINTAINER=1)
+  --tools-path PATH                    where the test tools are looked for (--maintainer: MAINTAINER=1)
 """
 import argparse
 import json
