@@ -90,7 +90,7 @@ MIRRORS_KEY = $(shell printf '%s|' $(foreach v,$(MIRROR_VARS),$(call q,$($(v))))
 MIRROR_SECRETS = $(foreach v,$(MIRROR_VARS),$(if $($(v)),--secret id=$(v)$(,)env=$(v)))
 # The stand-in mirrors the default row's base (its CUDA_VERSION): every row builds on it, and
 # the build's base check then expects that CUDA instead of the row's (verify-versions.py).
-STANDIN_IMAGE := $(shell python3 scripts/versions.py standin image)
+STANDIN_IMAGE = $(shell python3 scripts/versions.py standin image)
 BASE_CUDA   ?= $(if $(filter $(STANDIN_IMAGE) $(STANDIN_IMAGE)-arm64,$(BASE_IMAGE)),$(shell python3 scripts/versions.py get cuda_full),$(V_CUDA))## CUDA_VERSION the build expects of the base (the stand-in: the default row's, for every row)
 
 # A team member's pulls follow the row's moving tag (2.6 for the default row), which the weekly
@@ -262,7 +262,7 @@ test-slow: ## The default row's tests marked slow (minutes each, guarding what r
 # Each other row builds from the same Dockerfile and rootfs as the default row, which make test
 # covers in full: here only what a row changes (versions, wheels, CUDA libraries, the smoke
 # suite). The contents-differ test builds the default row.
-OTHER_ROWS  := $(filter-out $(shell python3 scripts/versions.py get name),$(shell python3 scripts/versions.py rows))
+OTHER_ROWS  = $(filter-out $(shell python3 scripts/versions.py get name),$(shell python3 scripts/versions.py rows))
 ROWS_TESTS  ?= tests/test_image.py tests/test_smoke.py## what make test-rows runs on each row but the default
 .PHONY: test-rows
 test-rows: ## Every versions.json row but the default: build it and run its reduced suite (ROWS_TESTS)
@@ -309,9 +309,9 @@ base-standin: ## Make the Debian stand-in for the nvidia/cuda base (air-gapped h
 
 # arm64 on an x86 host, under QEMU (qemu-user-static >= 10, F flag): slow, so not in .ci/run
 # (docs/building.md#arm64-under-emulation).
-ARM64_ROWS  := $(shell python3 scripts/versions.py rows --platform linux/arm64)
+ARM64_ROWS  = $(shell python3 scripts/versions.py rows --platform linux/arm64)
 .PHONY: arm64-emulated
-STANDIN_PYTHON := $(shell python3 scripts/versions.py standin python)
+STANDIN_PYTHON = $(shell python3 scripts/versions.py standin python)
 # neoverse-n2: SVE2 with 128-bit vectors, like Grace (GH200, GB200) and GB10. QEMU's default
 # "max" has longer vectors, and Inductor's C++ for them crashes the stand-in's gcc 12
 # (internal compiler error in vec_float.h, as in pytorch/pytorch#168288, gcc < 13.5).
@@ -348,7 +348,7 @@ clean: ## Remove this tag and the test virtualenv
 # labels and moving an immutable tag, then verifies by pulling the digest.
 MOVING_TAGS ?= $(shell python3 scripts/build_info.py moving-tags $(ROW_ARG))## moving tags pushed besides TAG and sha-<sha>
 # Rows other than the default push sha-<sha>-<row>: all rows are built from one commit.
-FLAVOUR     := $(shell python3 scripts/build_info.py flavour $(ROW_ARG))
+FLAVOUR     = $(shell python3 scripts/build_info.py flavour $(ROW_ARG))
 FORCE       ?=## FORCE=1: let make push replace an immutable tag that names another image
 PUSH_WORKTREE ?= .## git work tree the image was built from (make push refuses it dirty)
 PUBLISH_DIR ?= artifacts/publish## where make push/manifest write the publish record and manifest
