@@ -11,10 +11,8 @@ import uuid
 import zipfile
 
 import pytest
-from conftest import ROOT, hook_mount, version_row
+from conftest import ROOT, hook_mount, remove_image, version_row
 
-VERSIONS = json.loads((ROOT / "versions.json").read_text())
-ROW = next(r for r in VERSIONS["matrix"] if r["name"] == VERSIONS["default"])
 # The row the image under test was built from ($ROW, e.g. the Blackwell row in .ci/run).
 THIS = version_row()
 
@@ -586,14 +584,23 @@ def test_torch_compile_trains_a_tiny_model_on_cpu(run_in_image, env, compiles):
             f"with TORCH_COMPILE_DISABLE=1 the check should fail naming the eager run:\n{out}")
 
 
-def test_build_fails_when_contents_differ_from_the_tag(tmp_path):
+def test_build_fails_when_contents_differ_from_the_tag():
     """The build should fail, naming the mismatch, when a version arg disagrees with the contents."""
-    base = os.environ.get("BASE_IMAGE") or ROW["base_image"]
-    cmd = ["/usr/bin/docker", "build", "-f", str(ROOT / "docker/Dockerfile"), "--target", "runtime",
-           "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"PYTHON_VERSION={os.environ.get('PYTHON_VERSION', ROW['python'])}",
-           "--build-arg", "CUDNN=8.9", str(ROOT)]
-    if os.environ.get("CA_BUNDLE"):
-        cmd[2:2] = ["--secret", f"id=ca_bundle,src={os.environ['CA_BUNDLE']}"]
-    r = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": "1"}, timeout=1800)
-    assert r.returncode != 0, "the build accepted CUDNN=8.9 for an image holding cuDNN 9"
-    assert f"cudnn is {ROW['cudnn']}" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+    # `make build` as the image under test was built (its BASE_IMAGE, PYTHON_VERSION, CA_BUNDLE
+    # and ROW come from make test), so every stage below the check is the build cache's, and
+    # TARGET=records stops at the stage that decides: only the check runs, with the wrong cuDNN.
+    # (With build args of its own, no PYPI_AS_OF or OS_UPDATES, it kept a torch install of its own
+    # in the cache, rebuilt whenever the cache had lost it.) BUILD_OPTS come after make's build
+    # args, and docker takes the last value of an arg given twice.
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "IMAGE", "TAG", "TARGET")}
+    try:
+        r = subprocess.run(["make", "-C", str(ROOT), "build", "PREFLIGHT=0", "DOCKER=/usr/bin/docker",
+                            "IMAGE=team-dl-test-mismatch", "TAG=records", "TARGET=records",
+                            "BUILD_OPTS=--build-arg CUDNN=8.9"],
+                           env=clean, check=False, capture_output=True, text=True, timeout=1800)
+    finally:
+        remove_image("team-dl-test-mismatch:records")  # only there if the build wrongly passed
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, f"the build accepted CUDNN=8.9 for an image holding cuDNN {THIS['cudnn']}:\n{out[-3000:]}"
+    assert f"cudnn is {THIS['cudnn']}" in out, out[-3000:]
