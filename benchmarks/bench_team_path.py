@@ -23,6 +23,7 @@ each row's load average: compare runs made in one quiet window.
 """
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import pathlib
@@ -48,6 +49,18 @@ LEAKY = ("BASE_IMAGE", "PYTHON_VERSION", "IMAGE", "TAG", "REGISTRY", "ROW", "CON
 CHANGED = "docker/rootfs/etc/tmux.conf"
 MARK = "# rebuilt by benchmarks/bench_team_path.py: only our own files changed"
 ROWS = []
+
+
+def last_blob_sent(reg, since):
+    """Wall-clock time of the last blob the registry finished sending after the mark (its log's
+    time=...), or None: where a pull's download ended, inside make run's seconds."""
+    with open(reg.log_path, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    times = re.findall(r'^time="([^"]+)".*response completed.*http\.request\.method=GET.*/blobs/', text, re.MULTILINE)
+    if not times:
+        return None
+    return datetime.datetime.fromisoformat(times[-1][:26]).replace(tzinfo=datetime.UTC).timestamp()
 
 
 def load():
@@ -94,7 +107,8 @@ class Member:
         start = time.monotonic()
         p = sh(*args, env=self.env, cwd=cwd, check=False)
         seconds, out = time.monotonic() - start, p.stdout + p.stderr
-        print(f"$ {' '.join(args)}  # {seconds:.1f} s, exit {p.returncode}\n{out[-3000:]}", file=sys.stderr, flush=True)
+        shown = out if len(out) < 4000 else f"{out[:2000]}\n[...]\n{out[-2000:]}"
+        print(f"$ {' '.join(args)}  # {seconds:.1f} s, exit {p.returncode}\n{shown}", file=sys.stderr, flush=True)
         if check and p.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} exited {p.returncode}:\n{out[-3000:]}")
         return seconds, out, p.returncode
@@ -152,6 +166,7 @@ def member_path(phase, m, repo, registry, clone):
     row(phase, "git clone", s, typed=1)
     s, out, rc = m.type("make", "doctor", f"REGISTRY={registry}", cwd=clone, check=False)
     row(phase, "make doctor REGISTRY=...", s, f"exit {rc}", typed=1)
+    began = time.time()
     s, out, rc = m.type("make", "run", f"REGISTRY={registry}", cwd=clone, check=False)
     fix = re.search(r"^\s*(setfacl -R [^\n]*)$", out, re.MULTILINE)
     if rc != 0 and fix:
@@ -159,11 +174,14 @@ def member_path(phase, m, repo, registry, clone):
         row(phase, "make run (stops at the pre-flight)", s, f"exit {rc}", typed=1)
         s2, _, _ = m.type("bash", "-c", fix.group(1), cwd=clone)
         row(phase, f"`{fix.group(1).strip()}`", s2, typed=1)
+        began = time.time()
         s, out, rc = m.type("make", "run", cwd=clone, check=False)
     if rc != 0:
         raise RuntimeError(f"make run exited {rc}:\n{out[-3000:]}")
     pulled = m.reg.blob_bytes(since=mark)
-    row(phase, "make run (pull, start, returns at READY)", s, typed=1, sent=pulled)
+    done = last_blob_sent(m.reg, mark)
+    row(phase, "make run (pull, start, returns at READY)", s, "" if done is None else
+        f"the registry sent its last blob {done - began:.1f} s in", typed=1, sent=pulled)
     s = m.save_notebook(out)
     saved = time.monotonic() - start
     row(phase, "notebook saved (contents API, printed token)", s)
