@@ -320,7 +320,7 @@ def table(o, head):
              "at the end of each step."), "", "| Phase | Step | Seconds | Commands typed | Registry sent | Load | Note |",
              "|---|---|---|---|---|---|---|"]
     for phase, step, seconds, note, typed, sent, ld in ROWS:
-        size = "" if sent is None else bench_pull.mb(sent) if sent >= 1e5 else f"{sent} B"
+        size = "" if sent is None else bench_pull.mb(sent) if sent >= 1e7 else f"{sent:,} B"
         lines.append(f"| {phase} | {step} | {seconds:.1f} | {typed or ''} | {size} | {ld} | {note} |")
     return "\n".join(lines)
 
