@@ -63,6 +63,25 @@ def last_blob_sent(reg, since):
     return datetime.datetime.fromisoformat(times[-1][:26]).replace(tzinfo=datetime.UTC).timestamp()
 
 
+@contextlib.contextmanager
+def peak_disk(path, every=10):
+    """-> a list whose [0] ends as the most `du -sxb path` said while inside (sampled every `every`
+    s: a short peak between samples is missed): what make doctor's PULL_DISK_BYTES stands for."""
+    peak, done = [0], threading.Event()
+
+    def sample():
+        while not done.wait(every):
+            out = sh("du", "-sxb", str(path), check=False).stdout.split()
+            peak[0] = max(peak[0], int(out[0]) if out else 0)
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        t.join()
+
+
 def load():
     return pathlib.Path("/proc/loadavg").read_text().split()[0]
 
@@ -96,7 +115,7 @@ class Member:
         self.env.update(HOME=str(home), DOCKER_HOST=sock, PORT_JUPYTER=str(ports[0]), PORT_SSH=str(ports[1]),
                         TERM="xterm", SSH_AUTH_SOCK=self.agent["SSH_AUTH_SOCK"])
         sh("ssh-add", "-q", str(key), env=self.env)
-        self.port = ports[0]
+        self.port, self.data = ports[0], pathlib.Path(sock.removeprefix("unix://")).parent / "data"
 
     def close(self):
         sh("kill", self.agent["SSH_AGENT_PID"], check=False)
@@ -166,22 +185,24 @@ def member_path(phase, m, repo, registry, clone):
     row(phase, "git clone", s, typed=1)
     s, out, rc = m.type("make", "doctor", f"REGISTRY={registry}", cwd=clone, check=False)
     row(phase, "make doctor REGISTRY=...", s, f"exit {rc}", typed=1)
-    began = time.time()
-    s, out, rc = m.type("make", "run", f"REGISTRY={registry}", cwd=clone, check=False)
-    fix = re.search(r"^\s*(setfacl -R [^\n]*)$", out, re.MULTILINE)
-    if rc != 0 and fix:
-        # The one host step the pre-flight prints for a root-owned checkout, typed as printed.
-        row(phase, "make run (stops at the pre-flight)", s, f"exit {rc}", typed=1)
-        s2, _, _ = m.type("bash", "-c", fix.group(1), cwd=clone)
-        row(phase, f"`{fix.group(1).strip()}`", s2, typed=1)
+    with peak_disk(m.data) as peak:
         began = time.time()
-        s, out, rc = m.type("make", "run", cwd=clone, check=False)
+        s, out, rc = m.type("make", "run", f"REGISTRY={registry}", cwd=clone, check=False)
+        fix = re.search(r"^\s*(setfacl -R [^\n]*)$", out, re.MULTILINE)
+        if rc != 0 and fix:
+            # The one host step the pre-flight prints for a root-owned checkout, typed as printed.
+            row(phase, "make run (stops at the pre-flight)", s, f"exit {rc}", typed=1)
+            s2, _, _ = m.type("bash", "-c", fix.group(1), cwd=clone)
+            row(phase, f"`{fix.group(1).strip()}`", s2, typed=1)
+            began = time.time()
+            s, out, rc = m.type("make", "run", cwd=clone, check=False)
     if rc != 0:
         raise RuntimeError(f"make run exited {rc}:\n{out[-3000:]}")
     pulled = m.reg.blob_bytes(since=mark)
     done = last_blob_sent(m.reg, mark)
-    row(phase, "make run (pull, start, returns at READY)", s, "" if done is None else
-        f"the registry sent its last blob {done - began:.1f} s in", typed=1, sent=pulled)
+    row(phase, "make run (pull, start, returns at READY)", s, ("" if done is None else
+        f"the registry sent its last blob {done - began:.1f} s in; ") + f"data root at most "
+        f"{bench_pull.gb(peak[0])} (du every 10 s)", typed=1, sent=pulled)
     s = m.save_notebook(out)
     saved = time.monotonic() - start
     row(phase, "notebook saved (contents API, printed token)", s)
