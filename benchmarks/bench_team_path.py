@@ -2,7 +2,7 @@
 """The team member's path, measured: README's first screen, as root, with a team registry and no
 Docker Hub. Prints a Markdown table (seconds, bytes the registry sent, commands typed, load).
 
-Usage: bench_team_path.py [--image REF] [--work DIR] [--ports JUPYTER,SSH] [--keep-rebuild]
+Usage: bench_team_path.py [--image REF] [--work DIR] [--ports JUPYTER,SSH] [--rebuild NAME:TAG] [--keep-rebuild]
 
 1. Publish: --image goes to a fresh Debian docker-registry on 127.0.0.1 as <registry>/team/team-dl:<the
    row's moving tag>, the tag a member's make run follows (tagged under that name by image id,
@@ -12,7 +12,8 @@ Usage: bench_team_path.py [--image REF] [--work DIR] [--ports JUPYTER,SSH] [--ke
    root-owned checkout, make ssh), into a second dockerd with its own data root, socket, exec root
    and bridge (the member's host: cold = its store empty; warm = a new clone, the image there).
    Done when a notebook is saved through Jupyter's contents API with the printed token, and when
-   make ssh (in a pseudo-terminal) shows tmux's status line.
+   make ssh (in a pseudo-terminal) shows tmux's status line. During make run, `du` samples the
+   member's data root every 10 s: the disk a cold pull needs (scripts/doctor.py PULL_DISK_BYTES).
 3. Update: the image rebuilt from HEAD with one of our own files changed (make build, a name of
    its own), pushed to the moving tag; then the member's commands: make stop and make run (which
    should say a newer image is published), make pull, make stop, make run. Bytes: blob bytes the
