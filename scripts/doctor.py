@@ -19,7 +19,7 @@ Every outside probe can be pointed elsewhere (tests/test_doctor.py drives each c
   --registry-probe URL                 what tells whether the base's registry answers
   --infiniband DIR                     instead of /sys/class/infiniband
   --memlock KIB|unlimited              instead of this process's RLIMIT_MEMLOCK
-  --disk-need-gb GB                    instead of BUILD_DISK_BYTES
+  --disk-need-gb GB                    instead of BUILD_DISK_BYTES (PULL_DISK_BYTES with --pull-first)
   --tools-path PATH                    where the test tools are looked for (--maintainer: MAINTAINER=1)
 """
 import argparse
@@ -58,6 +58,9 @@ BUILDX_FROM_MAJOR = 23
 # 13.6 GB in all after the build. While pip installs, its ~3 GB of downloaded wheels sit next to
 # the unpacked venv (benchmarks/results/startup_2core_2026-12-02.md), so the peak is about 17 GB.
 BUILD_DISK_BYTES = 17 * 10**9
+# A cold pull's (REGISTRY set, image not here), likewise (2026-12-08, `du` every 10 s): at most 6.95 GB, the
+# image unpacked (its 3.63 GB download is removed layer by layer as it unpacks); +1 GB for what samples miss.
+PULL_DISK_BYTES = 8 * 10**9
 # NCCL's InfiniBand transport pins (ibv_reg_mr) host buffers for every peer and channel; NVIDIA's
 # and Mellanox's guides ask for an unlimited memlock. A limit this large behaves the same.
 MEMLOCK_LARGE = 64 * 2**30
@@ -330,31 +333,31 @@ def check_gpu_container(h, image):
                 fix)]
 
 
-def check_disk(h, image):
+def check_disk(h, image, pull=False):  # pull: REGISTRY set, so a missing image is pulled, not built
+    need, cold = (h.o.pull_disk_need, "a pull") if pull else (h.o.disk_need, "a cold build")
     info, _ = h.info()
     if info is None:
         return [Row(SKIP, "disk", "needs a working `docker info` (DockerRootDir)")]
     root = info.get("DockerRootDir") or "/var/lib/docker"
     host = os.environ.get("DOCKER_HOST", "")
     if host and not host.startswith("unix://"):
-        return [Row(SKIP, "disk", f"the daemon is remote ({host}): check free space in its "
-                    f"{root} there (a build needs ~{gb(h.o.disk_need)})")]
+        return [Row(SKIP, "disk", f"the daemon is remote ({host}): check free space in its {root} there "
+                    f"({cold} needs ~{gb(need)})")]
     try:
         free = shutil.disk_usage(root).free
     except OSError as e:
         return [Row(SKIP, "disk", f"cannot see {root} from here ({e.strerror}; Docker in a VM?): "
-                    f"a build needs ~{gb(h.o.disk_need)} free there")]
-    need = h.o.disk_need
+                    f"{cold} needs ~{gb(need)} free there")]
     if free >= need:
-        return [Row(OK, "disk", f"{gb(free)} free in {root} (a cold build needs ~{gb(need)})")]
+        return [Row(OK, "disk", f"{gb(free)} free in {root} ({cold} needs ~{gb(need)})")]
     fix = [(f"free {gb(need - free)} or more in {root}: docker builder prune (build cache), "
            "docker image prune (dangling images); `docker system df` shows what uses it"),
            "or move Docker's data: data-root in /etc/docker/daemon.json"]
     if h.image_present(image):
         return [Row(WARN, "disk", f"{gb(free)} free in {root}: enough to run {image}, which is "
-                    f"here, but a rebuild needs ~{gb(need)}", fix)]
-    return [Row(FAIL, "disk", f"{gb(free)} free in {root}; building {image} needs ~{gb(need)}",
-                fix)]
+                    f"here, but {'a fresh pull' if pull else 'a rebuild'} needs ~{gb(need)}", fix)]
+    return [Row(FAIL, "disk", f"{gb(free)} free in {root}; {'pulling' if pull else 'building'} {image} "
+                f"needs ~{gb(need)}", fix)]
 
 
 def registry_of(ref):
@@ -489,7 +492,7 @@ def doctor(h, o, row):
     rows += check_driver(h, row) + check_gpu_flavour(h, row) + doctor_gpu.check_row_support(row) + check_runtime(h)
     if docker_ok:
         rows += check_gpu_container(h, o.image)
-        rows += check_disk(h, o.image)
+        rows += check_disk(h, o.image, pull=o.pull_first)
         # REGISTRY set (--pull-first): make run pulls a missing image, so the build base is
         # no concern of a team member's (make build checks it itself, when it builds).
         if o.pull_first:
@@ -563,7 +566,8 @@ def parse(argv):
     o.container = o.container or container_name(
         o.image.rsplit("/", 1)[-1].split(":")[0], os.environ.get("USER", ""))
     o.ports = o.ports or [("PORT_JUPYTER", 8888), ("PORT_SSH", 2222)]
-    o.disk_need = BUILD_DISK_BYTES if o.disk_need_gb is None else o.disk_need_gb * 1e9
+    o.disk_need, o.pull_disk_need = (BUILD_DISK_BYTES, PULL_DISK_BYTES) if o.disk_need_gb is None else (
+        o.disk_need_gb * 1e9,) * 2
     return o, row
 
 

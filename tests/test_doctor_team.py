@@ -9,6 +9,7 @@ import os
 import subprocess
 import threading
 
+import doctor  # scripts/, which conftest puts on sys.path
 import pytest
 from test_doctor import IMAGE, FakeHost, table
 from test_publish import LEAKY, ROOT
@@ -124,3 +125,13 @@ def test_make_run_stops_before_the_pull_on_a_root_owned_workspace_with_the_host_
     _, out = make(host, "doctor", f"REGISTRY={registry}", "TAG=published", f"WORKSPACE={ws}",
                   home=home_with_key(tmp_path))
     assert table(out)["workspace"][0] == "FAIL", out
+
+
+def test_make_doctor_with_registry_judges_the_disk_by_what_a_pull_needs(host, registry, tmp_path):
+    """make doctor REGISTRY=... with the image not here: the disk row weighs the pull a member's make
+    run does (the image unpacked, its download beside it), not a 17 GB build no member runs."""
+    _, out = make(host, "doctor", f"REGISTRY={registry}", "TAG=published", f"WORKSPACE={user_workspace(tmp_path)}",
+                  home=home_with_key(tmp_path))
+    row = table(out)["disk"][1]
+    assert f"a pull needs ~{doctor.gb(doctor.PULL_DISK_BYTES)}" in row, out
+    assert "build" not in row, out
