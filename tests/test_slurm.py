@@ -131,7 +131,7 @@ def test_killed_node_requeues_the_job_and_it_continues_from_its_checkpoint(slurm
         if job.get("JobState") in TERMINAL or time.monotonic() > deadline:
             pytest.fail(f"no checkpoint before the job ended or {JOB_S}s passed ({job}):\n"
                         f"{cluster.logs(job_id)}")
-        time.sleep(0.2)
+        time.sleep(0.5)
     victim = cluster.nodes[1]
     victim.kill()
     killed = time.monotonic()
