@@ -139,7 +139,7 @@ def test_killed_node_requeues_the_job_and_it_continues_from_its_checkpoint(slurm
     while int(cluster.job(job_id).get("Restarts") or 0) < 1:
         job = cluster.job(job_id)
         if job.get("JobState") in TERMINAL or time.monotonic() - killed > NODE_FAIL_S * SLOWDOWN:
-            pytest.fail(f"a job that lost a node should be requeued within {NODE_FAIL_S}s: {job}"
+            pytest.fail(f"a job that lost a node should be requeued within {NODE_FAIL_S * SLOWDOWN:.0f}s: {job}"
                         f"\n{cluster.logs(job_id)}")
         time.sleep(1)
     took = time.monotonic() - killed
