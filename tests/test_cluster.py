@@ -214,25 +214,20 @@ TRAIN = ["python", "/usr/local/bin/train_amp.py", *SYNTH, "--epochs", "1",
          "--checkpoint-dir", "/tmp/ck"]
 
 
-@pytest.mark.parametrize("command, world, bare", [
-    (TRAIN, 1, BARE),
-    (["torchrun", "--nproc-per-node", "2", *TRAIN[1:]], 2, BARE),
-    # Inductor names its cache after getpass.getuser(), which has no user name here. The suite's
-    # one plain --compile run (a compile takes minutes on 2 cores): it also proves that --compile
-    # trains with the image's own g++.
-    ([*TRAIN, "--steps", "2", "--compile", "--amp", "off"], 1, BARE_EXEC),
-], ids=["one-process", "torchrun-2-processes", "one-process-compiled"])
+# Two steps show the job starts, trains and evaluates as this user (the epoch's other 6 steps
+# showed nothing more). The compiled run is test_train_amp_flags.py's
+# compile test, made the same way (one compile for the suite: each takes a minute on 2 cores).
+@pytest.mark.parametrize("command, world", [
+    ([*TRAIN, "--steps", "2"], 1),
+    (["torchrun", "--nproc-per-node", "2", *TRAIN[1:], "--steps", "2"], 2),
+], ids=["one-process", "torchrun-2-processes"])
 def test_train_amp_runs_without_entrypoint_as_a_nameless_uid_on_a_read_only_root(
-        run_in_image, command, world, bare):
-    """train_amp.py (and torchrun) should train as UID 12345 with no passwd entry, read-only /;
-    with --compile, compiled (and plain --compile turns no kernel tuning on)."""
-    code, out = run_in_image(command, timeout=540, **bare)
+        run_in_image, command, world):
+    """train_amp.py (and torchrun) should train as UID 12345 with no passwd entry, read-only /."""
+    code, out = run_in_image(command, timeout=540, **BARE)
     assert code == 0, f"{command[0]} exited {code}:\n{out[-6000:]}"
     assert f"world size {world}," in out and f"world_size={world} " in out, out[-6000:]
     assert SUMMARY.search(out) and "nan" not in out, f"no finite epoch summary:\n{out[-6000:]}"
-    if "--compile" in command:
-        assert "compile=True" in out, f"--compile did not compile:\n{out[-6000:]}"
-        assert "(tuned)" not in out, f"plain --compile turned kernel tuning on:\n{out[-6000:]}"
 
 
 # The smoke suite as a nameless UID on a read-only root: tests/test_smoke.py's whole-suite run
@@ -277,8 +272,8 @@ def test_two_srun_tasks_in_two_containers_train_one_job(start_container, docker_
     prefix = f"slurm-{uuid.uuid4().hex[:8]}-node"
     names = [f"{prefix}{i}" for i in range(2)]
     # As srun would: the compressed list (prefix[0-1]); the master port comes from the job id.
-    cmd = ["python", "/usr/local/bin/train_amp.py", *SYNTH, "--epochs", "1", "--log-every", "1",
-           "--checkpoint-dir", "/tmp/ck", "--dist-timeout", "240"]
+    cmd = ["python", "/usr/local/bin/train_amp.py", *SYNTH, "--synthetic-size", "128", "--epochs",
+           "1", "--log-every", "1", "--checkpoint-dir", "/tmp/ck", "--dist-timeout", "240"]
     nodes = [start_container(cmd, name=n, hostname=n, network=docker_network.name,
                              entrypoint="", user="12345:12345",
                              environment=srun_env(i, 2, f"{prefix}[0-1]"))
@@ -290,20 +285,27 @@ def test_two_srun_tasks_in_two_containers_train_one_job(start_container, docker_
     assert "launch: srun" in logs[0] and "rank 0, world size 2," in logs[0], (
         f"task 0 should say it is rank 0 of an srun job of 2:\n{logs[0]}")
     assert f"master {prefix}0:{10000 + 4242 % 20000}" in logs[0], logs[0]
-    # 256 images / 2 ranks / 32 per batch: 4 steps each, not 8 steps in each of two copies.
-    assert "world_size=2" in logs[0] and "steps/epoch=4 " in logs[0], logs[0]
+    # 128 images / 2 ranks / 32 per batch: 2 steps each, not 4 steps in each of two copies.
+    assert "world_size=2" in logs[0] and "steps/epoch=2 " in logs[0], logs[0]
     assert SUMMARY.search(logs[0]) and "nan" not in logs[0], f"no finite epoch:\n{logs[0]}"
     assert not SUMMARY.search(logs[1]), f"only rank 0 should print summaries:\n{logs[1]}"
     assert read_from_container(nodes[0], "/tmp/ck/last.pt"), "rank 0 saved no checkpoint"
     assert read_from_container(nodes[1], "/tmp/ck/last.pt") is None, "rank 1 saved one too"
 
 
+# How long a task waits for the job to form: the hang these tests guard is a task that waits for
+# ever (or trains alone), not one that gives up too early, so a few seconds do; stretched by
+# SLOWDOWN as every hang guard is (an int: --dist-timeout takes whole seconds).
+DIST_TIMEOUT = max(5, round(5 * SLOWDOWN))
+NOT_FORMED = f"could not form the 2-process job within --dist-timeout {DIST_TIMEOUT} s"
+
+
 @pytest.mark.parametrize("rank, nodelist, expect", [
     (1, None, "no master address"),
     # The master's host exists (this container) but nobody listens on the port.
-    (1, "self", "could not form the 2-process job within --dist-timeout 15 s"),
+    (1, "self", NOT_FORMED),
     # Rank 0 whose peer never comes (e.g. sbatch --ntasks=2 running the script without srun).
-    (0, "self", "could not form the 2-process job within --dist-timeout 15 s"),
+    (0, "self", NOT_FORMED),
 ], ids=["no-master-address", "master-never-answers", "peer-never-comes"])
 def test_srun_tasks_that_cannot_form_one_job_refuse_to_train(start_container, rank, nodelist,
                                                              expect):
@@ -312,7 +314,8 @@ def test_srun_tasks_that_cannot_form_one_job_refuse_to_train(start_container, ra
     env = srun_env(rank, 2, host if nodelist == "self" else "")
     if nodelist is None:
         del env["SLURM_JOB_NODELIST"]
-    c = start_container([*TRAIN, "--dist-timeout", "15"], hostname=host, environment=env, **BARE)
+    c = start_container([*TRAIN, "--dist-timeout", str(DIST_TIMEOUT)], hostname=host,
+                        environment=env, **BARE)
     started = time.monotonic()
     code = c.wait(timeout=300 * SLOWDOWN)["StatusCode"]
     took = time.monotonic() - started
@@ -320,4 +323,4 @@ def test_srun_tasks_that_cannot_form_one_job_refuse_to_train(start_container, ra
     assert code == 5, f"expected exit 5 (no job formed), got {code}:\n{out[-6000:]}"
     assert expect in out and "Refusing to train" in out, f"no clear error:\n{out[-6000:]}"
     assert not SUMMARY.search(out) and "steps/epoch" not in out, f"it trained alone:\n{out}"
-    assert took < 150 * SLOWDOWN, f"the refusal took {took:.0f} s with --dist-timeout 15"
+    assert took < 150 * SLOWDOWN, f"the refusal took {took:.0f} s with --dist-timeout {DIST_TIMEOUT}"

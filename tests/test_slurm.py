@@ -38,18 +38,9 @@ def images_per_s(out):
     return int(found[-1]) if found else None
 
 
-def test_two_node_job_trains_as_one_and_rank_0_alone_saves(slurm_cluster, run_in_image, artifacts):
-    """sbatch -N2 x 2 tasks of slurm/train-srun.sbatch should train one 4-rank job over gloo;
-    every save should rename one last.pt into place (rank 0), not one per task."""
-    cluster = slurm_cluster
-    ck = "/shared/ck-once"
-    # inotify on the shared volume counts every rename of last.pt, whichever node makes it.
-    code, out = cluster.sh(f"mkdir -p {ck}")
-    assert code == 0, out
-    watch = f"exec inotifywait -m -q -e moved_to --format '%e %f' {ck} > /shared/renames.log 2>&1"
-    cluster.ctl.exec_run(["bash", "-c", watch], user="dev", detach=True)
-    time.sleep(1)  # the watch is in place before the job starts
-    epochs = 2
+def two_node_job(cluster, ck, epochs):
+    """sbatch -N2 x 2 tasks of slurm/train-srun.sbatch, saving into `ck`, run to its end:
+    (job record, its output, wall seconds)."""
     started = time.monotonic()
     job_id = cluster.sbatch(*SBATCH, "/shared/slurm/train-srun.sbatch", *TRAIN,
                             "--epochs", epochs, "--checkpoint-dir", ck)
@@ -61,6 +52,22 @@ def test_two_node_job_trains_as_one_and_rank_0_alone_saves(slurm_cluster, run_in
     if "leaving the job (destroying the process group) took over" in out:
         # The product's bound did its job (the run completes); the hang itself is worth seeing.
         warnings.warn(f"job {job_id}: a rank's teardown hung and was cut short:\n{out[-4000:]}", stacklevel=1)
+    return job, out, wall
+
+
+def test_two_node_job_trains_as_one_and_rank_0_alone_saves(slurm_cluster):
+    """sbatch -N2 x 2 tasks of slurm/train-srun.sbatch should train one 4-rank job over gloo;
+    every save should rename one last.pt into place (rank 0), not one per task."""
+    cluster = slurm_cluster
+    ck = "/shared/ck-once"
+    # inotify on the shared volume counts every rename of last.pt, whichever node makes it.
+    code, out = cluster.sh(f"mkdir -p {ck}")
+    assert code == 0, out
+    watch = f"exec inotifywait -m -q -e moved_to --format '%e %f' {ck} > /shared/renames.log 2>&1"
+    cluster.ctl.exec_run(["bash", "-c", watch], user="dev", detach=True)
+    time.sleep(1)  # the watch is in place before the job starts
+    epochs = 2
+    job, out, _ = two_node_job(cluster, ck, epochs)
     assert job["NumNodes"] == "2" and job["NumTasks"] == "4", f"not 2 nodes x 2 tasks: {job}"
     first = cluster.nodes[0].name
     assert "launch: srun" in out and "rank 0, world size 4, local rank 0 of 2" in out, (
@@ -81,15 +88,23 @@ def test_two_node_job_trains_as_one_and_rank_0_alone_saves(slurm_cluster, run_in
     assert len(saves) == epochs, (
         f"one save per epoch, by rank 0 alone, expected {epochs} renames of last.pt:\n{renames}")
 
-    # The same job (4 processes, same flags) in one container, for the report's comparison.
+
+# Slow (make test-slow, weekly): a measurement, not a promise (docs/clusters.md quotes it); the
+# job itself is the test above.
+@pytest.mark.slow
+def test_two_node_job_is_on_par_with_the_same_processes_in_one_container(slurm_cluster,
+                                                                         run_in_image, artifacts):
+    """The 2 x 2-task Slurm job and torchrun's 4 processes in one container (same flags) should
+    both train; their wall times and images/s go to artifacts/slurm-vs-one-container.json."""
+    epochs = 2
+    _, out, wall = two_node_job(slurm_cluster, "/shared/ck-par", epochs)
     single_start = time.monotonic()
     code, single = run_in_image(["torchrun", "--nproc-per-node", "4", "/usr/local/bin/train_amp.py",
                                  *map(str, TRAIN), "--epochs", str(epochs),
                                  "--checkpoint-dir", "/tmp/ck"], timeout=JOB_S)
     single_wall = time.monotonic() - single_start
     assert code == 0 and "world_size=4 " in single, f"the one-container run failed:\n{single[-4000:]}"
-    figures = {"slurm_2x2": {"wall_s": round(wall, 1), "run_time": job.get("RunTime"),
-                             "images_per_s": images_per_s(out)},
+    figures = {"slurm_2x2": {"wall_s": round(wall, 1), "images_per_s": images_per_s(out)},
                "one_container_torchrun_4": {"wall_s": round(single_wall, 1),
                                             "images_per_s": images_per_s(single)}}
     (artifacts / "slurm-vs-one-container.json").write_text(json.dumps(figures, indent=1) + "\n")
@@ -102,12 +117,16 @@ def test_killed_node_requeues_the_job_and_it_continues_from_its_checkpoint(slurm
     (--auto-resume) should continue from the last checkpoint and finish."""
     cluster = slurm_cluster
     ck = "/shared/ck-resume"
-    # 1024 images / 4 ranks / 32 = 8 steps per epoch, 2 epochs, a checkpoint every 2 steps.
-    args = [*TRAIN, "--synthetic-size", "1024", "--epochs", "2", "--save-every", "2",
+    # 512 images / 4 ranks / 32 = 4 steps per epoch, 2 epochs, a checkpoint every 2 steps: the
+    # node dies right after the first (step 2), leaving 6 steps for the requeued run.
+    args = [*TRAIN, "--synthetic-size", "512", "--epochs", "2", "--save-every", "2",
             "--checkpoint-dir", ck]
+    phases, mark = {}, time.monotonic()
     job_id = cluster.sbatch(*SBATCH, "/shared/slurm/train-srun.sbatch", *args)
     deadline = time.monotonic() + JOB_S * SLOWDOWN
-    while checkpoint_of(cluster, f"{ck}/last.pt") is None:
+    # A cheap look (no Python, no torch: the tasks have the CPU); last.pt appears by a rename,
+    # whole. What it holds is read once the job has lost its node.
+    while cluster.sh(f"test -e {ck}/last.pt")[0] != 0:
         job = cluster.job(job_id)
         if job.get("JobState") in TERMINAL or time.monotonic() > deadline:
             pytest.fail(f"no checkpoint before the job ended or {JOB_S}s passed ({job}):\n"
@@ -116,30 +135,38 @@ def test_killed_node_requeues_the_job_and_it_continues_from_its_checkpoint(slurm
     victim = cluster.nodes[1]
     victim.kill()
     killed = time.monotonic()
+    phases["to the first checkpoint"], mark = killed - mark, killed
     while int(cluster.job(job_id).get("Restarts") or 0) < 1:
         job = cluster.job(job_id)
-        if job.get("JobState") in TERMINAL or time.monotonic() - killed > NODE_FAIL_S:
-            pytest.fail(f"a job that lost a node should be requeued within {NODE_FAIL_S}s: {job}"
+        if job.get("JobState") in TERMINAL or time.monotonic() - killed > NODE_FAIL_S * SLOWDOWN:
+            pytest.fail(f"a job that lost a node should be requeued within {NODE_FAIL_S * SLOWDOWN:.0f}s: {job}"
                         f"\n{cluster.logs(job_id)}")
         time.sleep(1)
     took = time.monotonic() - killed
+    phases["kill to requeue"], mark = took, time.monotonic()
     job = cluster.job(job_id)
     print(f"\njob {job_id}: requeued {took:.0f}s after {victim.name} was killed"
           f" ({job.get('JobState')}, Reason={job.get('Reason')})")
     # Pending: the job needs both nodes, so nothing writes the checkpoint until the node is back.
     saved = checkpoint_of(cluster, f"{ck}/last.pt")
-    assert saved and 0 < saved["global_step"] < 16, f"a mid-job checkpoint should be left: {saved}"
+    assert saved and 0 < saved["global_step"] < 8, f"a mid-job checkpoint should be left: {saved}"
 
     # The node comes back (a reboot): slurmd registers, Slurm returns it to service and starts
-    # the requeued job, which runs the same batch script again.
+    # the requeued job, which runs the same batch script again. Slurm holds a requeued job about
+    # 2 minutes first (Reason=BeginTime; 121 s here): that wait is Slurm's, not the script's, so
+    # the test lifts it as an admin can (scontrol update StartTime=now) instead of sleeping.
+    code, out = cluster.sh(f"scontrol update JobId={job_id} StartTime=now", user="root")
+    assert code == 0, f"the requeued job's start time was not moved to now: {out}"
     victim.start()
     job = cluster.wait_job(job_id)
+    phases["node back to the end"] = time.monotonic() - mark
+    print("phases (s): " + json.dumps({k: round(v) for k, v in phases.items()}))
     out = cluster.output(job_id)
     assert job["JobState"] == "COMPLETED", f"the requeued job should complete: {job}\n{cluster.logs(job_id)}"
-    resumed = re.search(r"resumed from \S+: epoch \d+ step \d+/8 \(global step (\d+)/16\)", out)
+    resumed = re.search(r"resumed from \S+: epoch \d+ step \d+/4 \(global step (\d+)/8\)", out)
     assert resumed and int(resumed.group(1)) == saved["global_step"], (
         f"the job should resume at global step {saved['global_step']}:\n{out}")
-    assert "epoch 2/2:" in out and checkpoint_of(cluster, f"{ck}/last.pt")["global_step"] == 16, out
+    assert "epoch 2/2:" in out and checkpoint_of(cluster, f"{ck}/last.pt")["global_step"] == 8, out
 
 
 # `apptainer exec [--nv] [--bind X] IMAGE CMD...` -> CMD: the nodes already are the image, so the
