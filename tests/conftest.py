@@ -77,7 +77,8 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def docker_client():
-    client = docker.from_env(timeout=300)
+    # The API's read timeout guards a hang too: stretched (a pyxis test's call timed out at load 38).
+    client = docker.from_env(timeout=round(300 * SLOWDOWN))
     client.ping()
     return client
 

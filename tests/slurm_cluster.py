@@ -49,8 +49,10 @@ SlurmdParameters=config_overrides
 SlurmdTimeout=10
 MessageTimeout=5
 # Slurm's default: a cancelled or timed-out step gets SIGTERM, then SIGKILL 30 s later; the
-# trainer saves only after the step in flight, which takes seconds on a loaded 2-core host.
-KillWait=30
+# trainer saves only after the step in flight, which takes seconds on a loaded 2-core host. The
+# 30 s are stretched by SLOWDOWN like every hang guard: on a busy machine (load 38 seen) a step
+# plus the save outlasted 30 s and the scancel test found no checkpoint.
+KillWait={kill_wait}
 ReturnToService=2
 JobRequeue=0
 # Finished jobs stay in `scontrol show job` (no slurmdbd, so no sacct) and in the jobcomp file.
@@ -216,7 +218,7 @@ def shared_cluster(docker_client, slurm_node_image, cluster_network):
     prefix = f"slurm{uuid.uuid4().hex[:6]}"
     ctl_name, node_names = f"{prefix}-ctl", [f"{prefix}-node{i}" for i in range(2)]
     conf = SLURM_CONF.format(ctl=ctl_name, nodes=f"{prefix}-node[0-1]", cpus=NODE_CPUS,
-                             gpus=NODE_GPUS)
+                             gpus=NODE_GPUS, kill_wait=round(30 * SLOWDOWN))
     files = {"slurm/slurm.conf": (conf.encode(), 0o644),
              "slurm/gres.conf": (GRES_CONF.format(last=NODE_GPUS - 1).encode(), 0o644),
              "munge/munge.key": (os.urandom(1024), 0o400)}
