@@ -117,6 +117,24 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
 SLOWDOWN = float(os.environ.get("TEAM_TEST_SLOWDOWN") or 1) * PACE * WORKERS
 
 
+# torch's default is one OpenMP thread per core in every container. Under xdist, as many workers
+# as cores each run a container: the threads oversubscribe the cores, and OpenMP's waiting threads
+# spin on CPU the other worker needs (a 4-step CPU training run at load ~25: 261 s with the default
+# 2 threads, 18 s with 1). Then each test container gets one thread (OMP_NUM_THREADS=1, the
+# value torchrun sets for its processes too) unless the test sets its own.
+CONTAINER_ENV = {"OMP_NUM_THREADS": "1"} if WORKERS > 1 and WORKERS >= (os.cpu_count() or 1) else {}
+
+
+def with_container_env(kwargs):
+    """run() keyword arguments with CONTAINER_ENV and QEMU_CPU added under the test's own."""
+    extra = {**CONTAINER_ENV, **({"QEMU_CPU": QEMU_CPU} if QEMU_CPU else {})}
+    if extra:
+        env = kwargs.get("environment") or {}
+        env = dict(env) if isinstance(env, dict) else dict(e.split("=", 1) for e in env)
+        kwargs = {**kwargs, "environment": {**extra, **env}}
+    return kwargs
+
+
 def pytest_report_header(config):
     workers = getattr(config.option, "numprocesses", None)
     each = f", times {workers} in each of the {workers} xdist workers" if isinstance(workers, int) and workers > 1 else ""
@@ -132,10 +150,7 @@ def start_container(docker_client, image_ref):
     def start(command=None, **kwargs):
         kwargs.setdefault("detach", True)
         kwargs.setdefault("shm_size", "1g")
-        if QEMU_CPU:
-            env = kwargs.get("environment") or {}
-            env = dict(env) if isinstance(env, dict) else dict(e.split("=", 1) for e in env)
-            kwargs["environment"] = {"QEMU_CPU": QEMU_CPU, **env}
+        kwargs = with_container_env(kwargs)
         c = docker_client.containers.run(kwargs.pop("image", image_ref), command, **kwargs)
         started.append(c)
         return c

@@ -5,7 +5,7 @@ import re
 import shlex
 
 import pytest
-from conftest import BARE_EXEC, SLOWDOWN
+from conftest import BARE_EXEC, SLOWDOWN, with_container_env
 from train_amp_helpers import INSPECT_LAST, SUMMARY, SYNTH
 
 # ---------------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ def flag_probes(docker_client, image_ref, module_containers):
         ("off-nchw", {}, [*few, "--amp", "off", "--channels-last", "off"]),
         ("off-tf32", {}, [*few, "--amp", "off", "--tf32"]),
     ])
-    c = docker_client.containers.run(image_ref, ["bash", "-c", script], detach=True, shm_size="1g")
+    c = docker_client.containers.run(image_ref, ["bash", "-c", script], **with_container_env({"detach": True, "shm_size": "1g"}))
     module_containers.append(c)
     code = c.wait(timeout=600 * SLOWDOWN)["StatusCode"]
     logs = c.logs().decode(errors="replace")

@@ -5,7 +5,7 @@ import re
 import uuid
 
 import pytest
-from conftest import SLOWDOWN, remove_containers, wait_for_log
+from conftest import SLOWDOWN, remove_containers, wait_for_log, with_container_env
 from train_amp_helpers import DIGITS, SUMMARY, SYNTH, read_from_container, run_to_end
 
 
@@ -39,7 +39,7 @@ def interrupted_and_resumed(docker_client, image_ref, module_containers, volume)
 
     c = docker_client.containers.run(image_ref, [
         "train_amp.py", *RESUME_JOB, "--checkpoint-dir", "split", "--metrics", "split.json"],
-        detach=True, shm_size="1g", volumes=volume)
+        **with_container_env({"detach": True, "shm_size": "1g", "volumes": volume}))
     module_containers.append(c)
     # Stop inside epoch 1 (33 steps: 1078 training digits / 32), after at least 8 steps.
     wait_for_log(c, r"epoch 1/2 step 8/\d+", timeout=300)

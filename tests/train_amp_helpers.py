@@ -4,7 +4,7 @@ import io
 import re
 import tarfile
 
-from conftest import SLOWDOWN, remove_containers
+from conftest import SLOWDOWN, remove_containers, with_container_env
 
 import docker
 
@@ -38,7 +38,7 @@ def read_from_container(container, path):
 def run_to_end(docker_client, image_ref, command, timeout=600, **kwargs):
     """For module-scoped fixtures: run a container to completion, return (code, logs, container).
     The caller removes the container."""
-    c = docker_client.containers.run(image_ref, command, detach=True, shm_size="1g", **kwargs)
+    c = docker_client.containers.run(image_ref, command, detach=True, shm_size="1g", **with_container_env(kwargs))
     try:
         code = c.wait(timeout=timeout * SLOWDOWN)["StatusCode"]
     except Exception:
