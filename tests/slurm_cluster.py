@@ -14,7 +14,7 @@ import time
 import uuid
 
 import pytest
-from conftest import ROOT, SLOWDOWN, remove_containers
+from conftest import CONTAINER_ENV, ROOT, SLOWDOWN, remove_containers
 
 import docker
 
@@ -128,7 +128,8 @@ class Cluster:
 
     def sbatch(self, *args, env=None):
         """Submit as the image's user with `env` added to the environment sbatch passes on."""
-        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+        # CONTAINER_ENV too (one OpenMP thread per process where the xdist workers fill the cores).
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in {**CONTAINER_ENV, **(env or {})}.items())
         code, out = self.sh(f"{prefix}sbatch --parsable " + " ".join(shlex.quote(str(a)) for a in args))
         assert code == 0 and out.strip().split(";")[0].isdigit(), f"sbatch failed:\n{out}\n{self.logs()}"
         return out.strip().split(";")[0]
