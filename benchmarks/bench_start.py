@@ -164,9 +164,9 @@ def first_work(n, reg, ref, snapshotter, name, t0, mark, timeout):
             raise RuntimeError(f"Jupyter did not answer within {timeout} s")
         time.sleep(0.2)
     at("jupyter")
-    n.ctr("tasks", "exec", "--exec-id", "torch", name, "python", "-c", "import torch", timeout=timeout)
+    n.ctr("tasks", "exec", "--user", "dev", "--exec-id", "torch", name, "python", "-c", "import torch", timeout=timeout)
     at("torch")
-    n.ctr("tasks", "exec", "--exec-id", "amp", name, *AMP_STEP, timeout=timeout)
+    n.ctr("tasks", "exec", "--user", "dev", "--exec-id", "amp", name, *AMP_STEP, timeout=timeout)
     at("amp")
     n.ctr("tasks", "kill", "-s", "KILL", name, check=False)
     for _ in range(50):
