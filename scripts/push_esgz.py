@@ -4,10 +4,10 @@ and every other runtime, Docker 20.10 included, pulls and runs as an ordinary gz
 
 Neither Docker 20.10 nor skopeo writes eStargz, so Debian's `ctr-remote` (package stargz-snapshotter)
 converts, in a throw-away containerd (root only; its own root, state and socket, removed after):
-skopeo copies the local Docker image in, `ctr-remote image convert --estargz` puts the files the
-first minutes read (scripts/lazy/first-work.jsonl: recorded by `ctr-remote image optimize` running
-the entrypoint, Jupyter, `import torch` and one AMP step; see benchmarks/bench_start.py) first in
-each layer, and skopeo pushes the result unchanged (--preserve-digests), with the registry
+skopeo copies the local Docker image in, `ctr-remote image convert --estargz` puts the files a
+start reads (scripts/lazy/first-work.jsonl: recorded by `ctr-remote image optimize` running the
+entrypoint, sshd and Jupyter's start; see benchmarks/bench_start.py) first in each layer, before
+its prefetch landmark, and skopeo pushes the result unchanged (--preserve-digests), with the registry
 credentials it and Docker share. Then each tag is read back: every layer must carry its
 table-of-contents digest, the config the local image's labels.
 """

@@ -15,6 +15,7 @@ import os
 import pathlib
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -240,33 +241,70 @@ def test_esgz_tag_from_a_registry_without_ranges_still_runs_but_fetches_whole_la
     assert fetched >= PAYLOAD, f"fetched {fetched} bytes: ranges were served after all?"
 
 
-def test_killed_snapshotter_fails_the_read_and_a_restarted_one_serves_it(esgz_tag, tmp_path):
-    """With the snapshotter killed, a read of a file not yet fetched should fail at once with an
-    error (ENOTCONN), not hang or return wrong bytes; restarted on the same root, it should remount
-    the layers and serve the file's right bytes."""
+@pytest.fixture
+def lazyread(tmp_path):
+    """tests/data/lazyread/main.go built static: a job for the tiny image, which has no shell."""
+    go = require_tool("go", "golang-go")
+    out = tmp_path / "job" / "lazyread"
+    env = {**os.environ, "CGO_ENABLED": "0", "GO111MODULE": "off",
+           "GOCACHE": os.environ.get("GOCACHE", "/var/tmp/team-dl-lazy-gocache")}
+    built = subprocess.run([go, "build", "-o", str(out), str(ROOT / "tests" / "data" / "lazyread" / "main.go")],
+                           capture_output=True, text=True, env=env, check=False, timeout=600)
+    assert built.returncode == 0, built.stderr
+    return out
+
+
+def wait_for(path, job, seconds):
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if job.poll() is not None:
+            pytest.fail(f"the job ended before it began reading: {job.communicate()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the job did not begin reading within {seconds} s")
+        time.sleep(0.1)
+
+
+def test_snapshotter_killed_mid_read_fails_the_jobs_read_and_restarting_both_recovers(esgz_tag, lazyread, tmp_path):
+    """A job in a container halfway through a lazily fetched file when the snapshotter is killed
+    should see its next read fail at once (ENOTCONN: 'transport endpoint is not connected') and
+    exit with that error, not hang or read wrong bytes; with the snapshotter restarted on the same
+    root, starting the container again should read the whole file, its bytes the TOC's digest."""
     reg, tag, _ = esgz_tag
     ref = f"{reg}/{NAME}:{tag}-esgz"
     expected = payload_digest(reg, tag)
+    talk = tmp_path / "talk"  # the job says `started` here; the test answers `go`
+    talk.mkdir()
     with lazy_node() as n:
         n.ctr("images", "rpull", "--plain-http", ref)
-        layer = payload_mount(n)
+        n.ctr("containers", "create", "--snapshotter", "stargz",
+              "--mount", f"type=bind,src={lazyread.parent},dst=/job,options=rbind:ro",
+              "--mount", f"type=bind,src={talk},dst=/talk,options=rbind:rw",
+              ref, "lazy-job", "/job/lazyread", "/payload", "/talk")
+        start = [node.CTR, "--address", n.socket, "--namespace", "team-dl-lazy", "tasks", "start", "lazy-job"]
+        job = subprocess.Popen(start, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(talk / "started", job, 60)  # 64 KiB read, the file still open
         n.daemon.kill()
         n.daemon.wait()
-        with pytest.raises(OSError) as failed:
-            (layer / "payload").read_bytes()
-        assert failed.value.errno in (errno.ENOTCONN, errno.EIO), failed.value
+        (talk / "go").touch()
+        begun = time.monotonic()
+        _, first_err = job.communicate(timeout=120)
+        failed_after = time.monotonic() - begun
+        first_status = job.returncode
+        (talk / "started").unlink()
         with node.stargz_daemon(n.root, ON_DEMAND):
-            restored = payload_mount(n)
-            data = (restored / "payload").read_bytes()
+            n.ctr("tasks", "delete", "lazy-job", check=False)  # the failed run's task
             # containerd redials the snapshotter's socket with a backoff: a few seconds.
             for _ in range(60):
-                run = n.ctr("run", "--rm", "--snapshotter", "stargz", ref, "lazy-restarted", "/bin/smoke",
-                            "--version", check=False)
-                if "unavailable" not in run.stderr:  # connection refused or closed: redialing
+                again = n.ctr("tasks", "start", "lazy-job", check=False, timeout=300)
+                if "unavailable" not in again.stderr:  # connection refused or closed: redialing
                     break
                 time.sleep(0.5)
-    assert "sha256:" + hashlib.sha256(data).hexdigest() == expected, "the restored layer served other bytes"
-    assert "tini version" in run.stdout, run.stdout + run.stderr
+            n.ctr("tasks", "delete", "lazy-job", check=False)
+    assert first_status == 1, f"the job did not fail its read (exit {first_status}): {first_err}"
+    assert "transport endpoint is not connected" in first_err.lower(), first_err
+    assert failed_after < 30, f"the failed read took {failed_after:.0f} s: it should fail at once"
+    assert again.returncode == 0, f"restarted, the job still failed: {again.stdout}{again.stderr}"
+    assert again.stdout.strip() == expected, f"restarted, the job read other bytes: {again.stdout}"
 
 
 def test_network_cut_mid_read_fails_the_read_and_a_retry_after_it_returns_succeeds(esgz_tag, proxy):
