@@ -219,8 +219,10 @@ def test_a_second_run_into_the_same_checkpoint_dir_is_refused_naming_the_first(r
     script = "\n".join([
         f"{job} > first.out 2> first.err & first=$!",
         # The first run holds the lock once its start line is out (the lock comes before it).
-        "for _ in $(seq 600); do grep -q ' amp=' first.out 2>/dev/null && break; sleep 0.1; done",
-        f"{job} > second.out 2> second.err; echo \"RC second $?\"",
+        # Up to 5 minutes: a guard against a hang, not a speed (a loaded machine starts slowly).
+        "for _ in $(seq 3000); do grep -q ' amp=' first.out 2>/dev/null && break; sleep 0.1; done",
+        # --steps 1: where the lock fails, the second run ends soon and the test with it.
+        f"{job} --steps 1 > second.out 2> second.err; echo \"RC second $?\"",
         # 100 epochs outlast the second run's start however slow the machine; then the first is
         # stopped as a scheduler stops it: it saves (with the lock it holds) and exits 0.
         "kill -TERM $first; wait $first; echo \"RC first $?\"; echo \"PID first $first\"",
