@@ -5,7 +5,7 @@ import re
 
 import pytest
 from conftest import ROOT, SLOWDOWN
-from train_amp_helpers import read_from_container, run_to_end
+from train_amp_helpers import read_from_container
 
 
 def test_benchmark_times_steps_and_writes_json(start_container):
@@ -47,69 +47,15 @@ def test_bench_amp_script_measures_matrix_and_jpeg_parts_on_cpu(run_in_image):
                         for r in runs), runs
 
 
-BENCH_INPUT = ("python /repo/benchmarks/bench_input.py --device cpu --model resnet18 --image-size 32"
-               " --batch-size 16 --images 64 --classes 4 --max-side 96 --jpeg-dir /tmp/bi")
-# Two bench_input.py runs and two reports, each "NAME" -> its rc in /tmp/NAME.rc, its output in
-# /tmp/NAME.log: one container and one JPEG set (the second run reads the first's) for the four
-# tests below, instead of a container, a torch import and a JPEG set each.
-REPORT = r"""python - <<'EOF'
-import sys
-sys.path.insert(0, "/repo/benchmarks")
-import bench_input
-def report(images, rows):
-    bench_input.print_report({
-        "model": "resnet50", "batch_size": 256, "image_size": 224, "gpu": "GPU", "cpus": 16,
-        "torch": "2", "images": images, "mean_kib": 85, "epochs": 4, "page_cache": "warm",
-        "repeat": 1, "rows": rows})
-print("== few-batches")
-for steps in (8, 30):
-    print(f"== {steps} batches an epoch")
-    report(steps * 256, [
-        {"label": "synthetic", "ips": 6400.0, "round": 1},
-        {"label": "workers", "decode": "workers", "ips": 208.0, "round": 1,
-         "steps_per_epoch": steps, "num_workers": 15},
-        {"label": "device", "decode": "device", "ips": 850.0, "round": 1}])
-print("== one-name-twice")
-report(8192, [{"label": "synthetic", "ips": 6400.0, "round": 1}] + [
-    {"label": "device", "decode": "device", "ips": v, "round": 1} for v in (5500.0, 5700.0)])
-EOF"""
-BENCH_INPUT_RUNS = {
-    "rows": f"{BENCH_INPUT} --epochs 2 --rows synthetic,device,tar --repeat 2 --out /tmp/bi.json"
-            " && cat /tmp/bi.json",
-    "replay": f"{BENCH_INPUT} --epochs 3 --rows device-replay,device-decode-once"
-              " --out /tmp/replay.json && cat /tmp/replay.json",
-    "report": REPORT,
-}
-
-
-@pytest.fixture(scope="module")
-def bench_input_runs(docker_client, image_ref, module_containers):
-    """{"rows" | "replay" | "report": (exit status, output)} of BENCH_INPUT_RUNS, run one after
-    the other in one container with the repository's benchmarks/ at /repo/benchmarks (they are
-    not in the image)."""
-    script = "\n".join(f"( {cmd}\n) > /tmp/{name}.log 2>&1; echo $? > /tmp/{name}.rc"
-                       for name, cmd in BENCH_INPUT_RUNS.items())
-    code, logs, c = run_to_end(docker_client, image_ref, ["bash", "-c", script], timeout=1200, volumes={
-        str(ROOT / "benchmarks"): {"bind": "/repo/benchmarks", "mode": "ro"}})
-    module_containers.append(c)
-    assert code == 0, f"the bench_input script failed ({code}):\n{logs}"
-    return {name: (int(read_from_container(c, f"/tmp/{name}.rc")),
-                   read_from_container(c, f"/tmp/{name}.log").decode(errors="replace"))
-            for name in BENCH_INPUT_RUNS}
-
-
-def bench_input_logs(bench_input_runs, name):
-    """The output of run NAME; fails with it unless the run exited 0."""
-    code, logs = bench_input_runs[name]
-    assert code == 0, f"bench_input {name} exited {code}:\n{logs}"
-    return logs
-
-
-def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(bench_input_runs):
+def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(run_in_image):
     """benchmarks/bench_input.py (synthetic vs JPEG images/s) should make its JPEGs and tar shards and
     print images/s per --decode path with the ratio to synthetic data, over interleaved rounds
     with --repeat (median and range): tiny, on CPU."""
-    logs = bench_input_logs(bench_input_runs, "rows")
+    script = ("python /repo/benchmarks/bench_input.py --device cpu --model resnet18 --image-size 32"
+              " --batch-size 16 --images 64 --classes 4 --max-side 96 --epochs 2"
+              " --rows synthetic,device,tar --repeat 2 --jpeg-dir /tmp/bi --out /tmp/bi.json"
+              " && cat /tmp/bi.json")
+    logs = run_repo_script(run_in_image, script)
     assert re.search(r"^\| JPEG ImageFolder \| device \| \d+ \(\d+-\d+\) \|"
                      r" [\d.]+ \([\d.]+-[\d.]+\) \|$", logs, re.MULTILINE), (
         f"no JPEG row with its median, range and ratio:\n{logs}")
@@ -123,12 +69,35 @@ def test_bench_input_script_compares_synthetic_and_jpeg_rates_on_cpu(bench_input
     assert report["page_cache"].startswith("warm"), report
 
 
-def test_bench_input_warns_when_an_epoch_has_too_few_batches_for_its_workers(bench_input_runs):
+def bench_report_logs(run_in_image, body):
+    """The logs of bench_input.print_report called by `body`, in the image, through
+    report(images, rows): a ResNet-50 batch-256 report of those rows, made up, no training."""
+    return run_repo_script(run_in_image, f"""python - <<'EOF'
+import sys
+sys.path.insert(0, "/repo/benchmarks")
+import bench_input
+def report(images, rows):
+    bench_input.print_report({{
+        "model": "resnet50", "batch_size": 256, "image_size": 224, "gpu": "GPU", "cpus": 16,
+        "torch": "2", "images": images, "mean_kib": 85, "epochs": 4, "page_cache": "warm",
+        "repeat": 1, "rows": rows}})
+{body}
+EOF""")
+
+
+def test_bench_input_warns_when_an_epoch_has_too_few_batches_for_its_workers(run_in_image):
     """bench_input.py's report should say that a workers row understates the workers when they
     outnumber half its batches an epoch (photos in a small set: 8 batches for 15 workers), and
     say nothing when each worker gets two batches an epoch."""
-    logs = bench_input_logs(bench_input_runs, "report")
-    logs = logs[logs.index("== few-batches"):logs.index("== one-name-twice")]
+    logs = bench_report_logs(run_in_image, """
+for steps in (8, 30):
+    print(f"== {steps} batches an epoch")
+    report(steps * 256, [
+        {"label": "synthetic", "ips": 6400.0, "round": 1},
+        {"label": "workers", "decode": "workers", "ips": 208.0, "round": 1,
+         "steps_per_epoch": steps, "num_workers": 15},
+        {"label": "device", "decode": "device", "ips": 850.0, "round": 1}])
+""")
     few, enough = logs.split("== 30 batches an epoch")
     assert re.search(r"^caution: the workers row had 8 batches an epoch for 15 workers.*"
                      r"--images 7680 or more", few, re.MULTILINE), f"no caution:\n{few}"
@@ -136,22 +105,28 @@ def test_bench_input_warns_when_an_epoch_has_too_few_batches_for_its_workers(ben
     assert "caution" not in enough, f"a caution with two batches per worker:\n{enough}"
 
 
-def test_bench_input_header_counts_rows_of_one_name_without_repeat(bench_input_runs):
+def test_bench_input_header_counts_rows_of_one_name_without_repeat(run_in_image):
     """A row name given twice in --rows (no --repeat) should get a header that counts its rows,
     not "a range of 1 interleaved rounds"."""
-    logs = bench_input_logs(bench_input_runs, "report")
-    logs = logs[logs.index("== one-name-twice"):]
+    logs = bench_report_logs(run_in_image, """
+report(8192, [{"label": "synthetic", "ips": 6400.0, "round": 1}] + [
+    {"label": "device", "decode": "device", "ips": v, "round": 1} for v in (5500.0, 5700.0)])
+""")
     assert "(median, range of up to 2 rows of one name)" in logs, logs
     assert "interleaved rounds" not in logs, logs
     assert re.search(r"^\| JPEG ImageFolder \| device \| 5600 \(5500-5700\) \| 0\.88 \(0\.86-0\.89\) \|$",
                      logs, re.MULTILINE), logs
 
 
-def test_bench_input_replay_rows_stop_the_loader_and_decode_once(bench_input_runs):
+def test_bench_input_replay_rows_stop_the_loader_and_decode_once(run_in_image):
     """bench_input.py's device-replay row should take only the first epoch's batches from the
     loader and replay them (every batch still decoded), device-decode-once should also decode
     each kept batch only once: what the README's figures for them rest on."""
-    logs = bench_input_logs(bench_input_runs, "replay")
+    script = ("python /repo/benchmarks/bench_input.py --device cpu --model resnet18 --image-size 32"
+              " --batch-size 16 --images 64 --classes 4 --max-side 96 --epochs 3"
+              " --rows device-replay,device-decode-once --jpeg-dir /tmp/bi --out /tmp/bi.json"
+              " && cat /tmp/bi.json")
+    logs = run_repo_script(run_in_image, script)
     rows = {r["label"]: r for r in json.loads(logs[logs.index("\n{") + 1:])["rows"]}
     # 64 images in batches of 16: 4 batches an epoch, 12 in 3 epochs.
     assert rows["device-replay"].get("batches") == {"loaded": 4, "replayed": 8, "decoded": 12}, rows
