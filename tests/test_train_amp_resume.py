@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 from conftest import SLOWDOWN, remove_containers, wait_for_log
-from train_amp_helpers import SUMMARY, SYNTH, read_from_container, run_to_end
+from train_amp_helpers import DIGITS, SUMMARY, SYNTH, read_from_container, run_to_end
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +22,8 @@ def volume(docker_client, module_containers):
 # --amp auto: bf16 autocast on a CPU with bf16 hardware (FP32 elsewhere, which reproduces too).
 # At 32 px bf16 is bit-reproducible; at 16 px torch 2.6's oneDNN
 # bf16 weight gradient of resnet18's layer4 (2x2 input -> 1x1) is not, even between two
-# uninterrupted runs, which is why these tests use 32 px. 384 synthetic images in batches of 8:
-# 48 short steps an epoch, so a stop after step 4 lands mid-epoch with room to spare, and each of
-# the fixture's three runs trains on a third of the images digits took (1079 + 719 an epoch).
-RESUME_JOB = ["--model", "resnet18", "--data", "synthetic", "--synthetic-size", "384",
-              "--num-classes", "10", "--image-size", "32", "--batch-size", "8", "--epochs", "2",
-              "--log-every", "4", "--seed", "7"]
+# uninterrupted runs, which is why these tests use 32 px.
+RESUME_JOB = [*DIGITS, "--epochs", "2", "--log-every", "4", "--seed", "7"]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +41,8 @@ def interrupted_and_resumed(docker_client, image_ref, module_containers, volume)
         "train_amp.py", *RESUME_JOB, "--checkpoint-dir", "split", "--metrics", "split.json"],
         detach=True, shm_size="1g", volumes=volume)
     module_containers.append(c)
-    # Stop inside epoch 1 (48 steps), after at least 4 steps.
-    wait_for_log(c, r"epoch 1/2 step 4/\d+", timeout=300)
+    # Stop inside epoch 1 (33 steps: 1078 training digits / 32), after at least 8 steps.
+    wait_for_log(c, r"epoch 1/2 step 8/\d+", timeout=300)
     c.stop(timeout=60)  # SIGTERM, like a scheduler's preemption; SIGKILL only after 60 s
     runs["stop_code"] = c.wait(timeout=60 * SLOWDOWN)["StatusCode"]
     runs["stop_logs"] = c.logs().decode(errors="replace")
@@ -69,7 +65,7 @@ def test_sigterm_mid_epoch_saves_a_checkpoint_and_exits_0(interrupted_and_resume
                   r" split/last\.pt", r["stop_logs"])
     assert m, f"no 'stopped by SIGTERM ... checkpoint saved' line:\n{r['stop_logs']}"
     step, per_epoch = int(m.group(1)), int(m.group(2))
-    assert 4 <= step < per_epoch, f"the stop was not mid-epoch: step {step}/{per_epoch}"
+    assert 8 <= step < per_epoch, f"the stop was not mid-epoch: step {step}/{per_epoch}"
 
 
 def test_resume_continues_at_the_saved_step_and_reproduces_the_uninterrupted_run(
