@@ -25,14 +25,6 @@ def test_compile_tuned_turns_on_kernel_tuning_and_trains(run_in_image):
     assert SUMMARY.search(logs), f"no compiled epoch:\n{logs}"
 
 
-def test_channels_last_flag_trains_in_nhwc_on_cpu(run_in_image):
-    """--channels-last should switch the model and batches to NHWC (auto keeps NCHW on CPU)."""
-    code, logs = run_in_image(["train_amp.py", *SYNTH, "--steps", "2", "--channels-last",
-                               "--checkpoint-dir", ""])
-    assert code == 0, f"exited {code}:\n{logs}"
-    assert "channels_last=True" in logs and SUMMARY.search(logs), f"no NHWC epoch:\n{logs}"
-
-
 # ---------------------------------------------------------------------------------------
 # what the flags really do, seen in train_amp's own objects (not in its log line)
 
@@ -95,8 +87,9 @@ def probes(logs):
 
 
 @pytest.fixture(scope="module")
-def flag_probes(docker_client, image_ref, module_containers):
-    """Two-step synthetic runs: AMP bf16 + channels_last; AMP off + NCHW; AMP off + --tf32."""
+def flag_probe_runs(docker_client, image_ref, module_containers):
+    """Two-step synthetic runs: AMP bf16 + channels_last; AMP off + NCHW; AMP off + --tf32.
+    -> (probes(logs), logs)."""
     few = [*SYNTH, "--steps", "2", "--checkpoint-dir", ""]
     script = probe_script([
         ("bf16-nhwc", {}, [*few, "--amp", "bf16", "--channels-last"]),
@@ -111,7 +104,20 @@ def flag_probes(docker_client, image_ref, module_containers):
     seen = probes(logs)
     assert set(seen) == {"bf16-nhwc", "off-nchw", "off-tf32"}, f"missing probe results:\n{logs}"
     assert all(r["exit"] == 0 and r["steps"] == 2 for r in seen.values()), f"a probe run did not train:\n{logs}"
-    return seen
+    return seen, logs
+
+
+@pytest.fixture(scope="module")
+def flag_probes(flag_probe_runs):
+    return flag_probe_runs[0]
+
+
+def test_channels_last_flag_trains_in_nhwc_on_cpu(flag_probe_runs):
+    """--channels-last should switch the model and batches to NHWC (auto keeps NCHW on CPU)."""
+    # The bf16-nhwc probe is train_amp.py --channels-last: its output, up to its PROBE line.
+    logs = flag_probe_runs[1]
+    logs = logs[:logs.index("PROBE bf16-nhwc")]
+    assert "channels_last=True" in logs and SUMMARY.search(logs), f"no NHWC epoch:\n{logs}"
 
 
 def test_amp_bf16_on_cpu_runs_the_convolutions_in_bf16(flag_probes):
