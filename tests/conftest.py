@@ -59,8 +59,10 @@ def pytest_configure(config):
 # The files that take minutes (.ci/run's per-file table), longest first. .ci/run's container
 # tests run in two pytest-xdist workers a file at a time (--dist loadfile): these start first, so
 # the run never ends on one long file running alone while the other worker idles.
-LONG_FILES = ("test_slurm.py", "test_cluster.py", "test_train_amp_checkpoint.py", "test_image.py",
-              "test_lifecycle.py", "test_train_amp_flags.py", "test_train_amp_bench.py", "test_repro.py")
+LONG_FILES = ("test_train_amp_flags.py", "test_slurm.py", "test_train_amp_checkpoint.py", "test_cluster.py",
+              "test_lifecycle.py", "test_image.py", "test_smoke.py", "test_train_amp_data.py",
+              "test_train_amp_compare.py", "test_repro.py", "test_train_amp_resume.py",
+              "test_train_amp_bench.py")
 
 
 def pytest_collection_modifyitems(items):
