@@ -158,10 +158,13 @@ def test_killed_node_requeues_the_job_and_it_continues_from_its_checkpoint(slurm
     # The node comes back (a reboot): slurmd registers, Slurm returns it to service and starts
     # the requeued job, which runs the same batch script again. Slurm holds a requeued job about
     # 2 minutes first (Reason=BeginTime; 121 s here): that wait is Slurm's, not the script's, so
-    # the test lifts it as an admin can (scontrol update StartTime=now) instead of sleeping.
+    # the test lifts it as an admin can (scontrol update StartTime=now) instead of sleeping, once
+    # both nodes are idle: lifted before the first run's step had ended on node0, the requeued
+    # batch started beside it and the old step's SIGTERM ended it (exit 143; CI, 2026-12-08).
+    victim.start()
+    cluster.wait_idle()
     code, out = cluster.sh(f"scontrol update JobId={job_id} StartTime=now", user="root")
     assert code == 0, f"the requeued job's start time was not moved to now: {out}"
-    victim.start()
     job = cluster.wait_job(job_id)
     phases["node back to the end"] = time.monotonic() - mark
     print("phases (s): " + json.dumps({k: round(v) for k, v in phases.items()}))
