@@ -51,15 +51,12 @@ MIN_DOCKER = (20, 10)
 # ("BuildKit is enabled but the buildx component is missing or broken"). Older clients (Debian's
 # 20.10) drive the daemon's built-in BuildKit themselves.
 BUILDX_FROM_MAJOR = 23
-# Free space a cold `make build` needs under DockerRootDir. Measured on the project's 2-core host
-# (Debian stand-in base, 2026-12-03): the runtime image 6.74 GB (`docker image inspect` Size),
-# plus what stays in the build cache and is not part of the image (`docker system df -v`): the
-# builder stage's venv layer 6.11 GB, its apt layer 0.47 GB and the pip/apt cache mounts 0.27 GB;
-# 13.6 GB in all after the build. While pip installs, its ~3 GB of downloaded wheels sit next to
-# the unpacked venv (benchmarks/results/startup_2core_2026-12-02.md), so the peak is about 17 GB.
+# Free space a cold `make build` needs under DockerRootDir. Measured on the 2-core host (Debian
+# stand-in base, 2026-12-03): the 6.74 GB image (`docker image inspect` Size), 6.85 GB more in the
+# build cache (`docker system df -v`: builder venv and apt layers, cache mounts) and ~3 GB of pip's
+# wheels beside the unpacked venv at its peak: about 17 GB (results/startup_2core_2026-12-02.md).
+# A cold pull (REGISTRY set; 2026-12-08, `du` every 10 s): 6.95 GB, the image unpacked, +1 GB.
 BUILD_DISK_BYTES = 17 * 10**9
-# A cold pull's (REGISTRY set, image not here), likewise (2026-12-08, `du` every 10 s): at most 6.95 GB, the
-# image unpacked (its 3.63 GB download is removed layer by layer as it unpacks); +1 GB for what samples miss.
 PULL_DISK_BYTES = 8 * 10**9
 # NCCL's InfiniBand transport pins (ibv_reg_mr) host buffers for every peer and channel; NVIDIA's
 # and Mellanox's guides ask for an unlimited memlock. A limit this large behaves the same.
@@ -334,7 +331,8 @@ def check_gpu_container(h, image):
 
 
 def check_disk(h, image, pull=False):  # pull: REGISTRY set, so a missing image is pulled, not built
-    need, cold = (h.o.pull_disk_need, "a pull") if pull else (h.o.disk_need, "a cold build")
+    need, cold, again, verb = ((h.o.pull_disk_need, "a pull", "a fresh pull", "pulling") if pull
+                               else (h.o.disk_need, "a cold build", "a rebuild", "building"))
     info, _ = h.info()
     if info is None:
         return [Row(SKIP, "disk", "needs a working `docker info` (DockerRootDir)")]
@@ -354,10 +352,9 @@ def check_disk(h, image, pull=False):  # pull: REGISTRY set, so a missing image 
            "docker image prune (dangling images); `docker system df` shows what uses it"),
            "or move Docker's data: data-root in /etc/docker/daemon.json"]
     if h.image_present(image):
-        return [Row(WARN, "disk", f"{gb(free)} free in {root}: enough to run {image}, which is "
-                    f"here, but {'a fresh pull' if pull else 'a rebuild'} needs ~{gb(need)}", fix)]
-    return [Row(FAIL, "disk", f"{gb(free)} free in {root}; {'pulling' if pull else 'building'} {image} "
-                f"needs ~{gb(need)}", fix)]
+        return [Row(WARN, "disk", f"{gb(free)} free in {root}: enough to run {image}, which is here, "
+                    f"but {again} needs ~{gb(need)}", fix)]
+    return [Row(FAIL, "disk", f"{gb(free)} free in {root}; {verb} {image} needs ~{gb(need)}", fix)]
 
 
 def registry_of(ref):
